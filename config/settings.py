@@ -195,3 +195,12 @@ LOGGING = {
         "celery.worker.strategy": {"level": "WARNING"},
     },
 }
+AGORA_MAX_HOPS = int(os.environ.get("AGORA_MAX_HOPS", "8"))
+AGORA_MAX_PENDING_PER_SENDER = int(os.environ.get("AGORA_MAX_PENDING_PER_SENDER", "64"))
+AGORA_MAX_STEERING_BACKLOG = int(os.environ.get("AGORA_MAX_STEERING_BACKLOG", "1000"))
+AGORA_DEFAULT_WAIT_S = float(os.environ.get("AGORA_DEFAULT_WAIT_S", "60"))
+AGORA_MAX_WAIT_S = float(os.environ.get("AGORA_MAX_WAIT_S", "300"))
+AGORA_REQUEST_TTL_S = float(os.environ.get("AGORA_REQUEST_TTL_S", str(24 * 3600)))
+AGORA_LEASE_S = float(os.environ.get("AGORA_LEASE_S", "60"))
+AGORA_STEERING_POLL_MAX_S = float(os.environ.get("AGORA_STEERING_POLL_MAX_S", "60"))
+AGORA_RERING_S = float(os.environ.get("AGORA_RERING_S", "15"))

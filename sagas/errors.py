@@ -29,3 +29,5 @@ AlreadyAnswered = _error("AlreadyAnswered", "already_answered", 409, "Already an
 RequestCancelled = _error("RequestCancelled", "request_cancelled", 409, "Request cancelled")
 IdempotencyConflict = _error("IdempotencyConflict", "idempotency_conflict", 409, "Idempotency conflict")
 InvalidState = _error("InvalidState", "invalid_state", 409, "Invalid state")
+NameTaken = _error("NameTaken", "name_taken", 409, "Name taken")
+RequestClosed = _error("RequestClosed", "request_closed", 409, "Request closed")

@@ -6,8 +6,6 @@ from django.db import models
 from django.db.models import Q
 from guardian.shortcuts import get_objects_for_user
 
-from accounts.models import User
-
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:20]}"
@@ -162,9 +160,7 @@ class Run(models.Model):
     turn = models.PositiveIntegerField(default=0, help_text="Turns started so far.")
     lease_until = models.DateTimeField(null=True, blank=True)
     resumable = models.BooleanField(default=False)
-    waiting_on = models.ForeignKey(
-        "AgentRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    waiting_on = models.ForeignKey("AgentRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     waiting_on_human = models.ForeignKey(
         "HumanRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -316,9 +312,7 @@ class SteeringItem(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     sender = models.CharField(max_length=160, help_text="The engine-written sender id, such as agent:coder-01.")
     request = models.ForeignKey(AgentRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
-    human_request = models.ForeignKey(
-        HumanRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
-    )
+    human_request = models.ForeignKey(HumanRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     payload = models.JSONField(null=True, blank=True)
     consumed_turn = models.PositiveIntegerField(null=True, blank=True)
     consumed_at = models.DateTimeField(null=True, blank=True)

@@ -20,7 +20,8 @@ DROP FUNCTION IF EXISTS journal_event_append_only();
 def on_postgresql(sql: str):
     def run(apps, schema_editor):
         if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(sql)
+            # No params: with params psycopg would read the '%' in RAISE's format as a placeholder.
+            schema_editor.execute(sql, params=None)
 
     return run
 

@@ -1,0 +1,59 @@
+"""Doorbells rung after commit: a Celery task for an internal run's next turn, a Redis publish for
+HTTP waiters. Losing one delays work and never loses it: the reconciler re-rings from the database."""
+
+import logging
+from functools import partial
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from kombu.exceptions import OperationalError as BrokerError
+from redis import Redis
+from redis.exceptions import RedisError
+
+logger = logging.getLogger(__name__)
+
+RUN_TURN_TASK = "agents.tasks.run_turn"  # by name: the kernel never imports the runtime
+
+
+def steering_channel(collaborator_id: int) -> str:
+    return f"agora:steering:{collaborator_id}"
+
+
+def request_channel(request_id: str) -> str:
+    return f"agora:request:{request_id}"
+
+
+def ring_run_after_commit(run_id: str) -> None:
+    transaction.on_commit(partial(ring_run, run_id))
+
+
+def ring_run(run_id: str) -> None:
+    try:
+        current_app.send_task(RUN_TURN_TASK, args=[run_id])
+    except (BrokerError, RedisError, OSError) as exc:
+        logger.warning("could not queue a turn for %s (the reconciler will): %s", run_id, exc)
+
+
+def publish_after_commit(*channels: str) -> None:
+    transaction.on_commit(partial(publish, channels))
+
+
+_clients: dict[str, Redis] = {}
+
+
+def redis_client() -> Redis:
+    """One pooled client per URL (the pool reconnects after a fork or a Redis restart)."""
+    url = settings.REDIS_URL
+    if url not in _clients:
+        _clients[url] = Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    return _clients[url]
+
+
+def publish(channels: tuple[str, ...]) -> None:
+    try:
+        client = redis_client()
+        for channel in channels:
+            client.publish(channel, "1")
+    except (RedisError, OSError) as exc:
+        logger.warning("wake-up publish failed (waiters re-check the database): %s", exc)
