@@ -84,6 +84,20 @@ class SagaTree:
         return {i for i in ids if self.members[i].is_agent}
 
 
+def collaborator_card(collaborator: Collaborator) -> dict[str, Any]:
+    """What `get_collaborators` says of one collaborator: never a token, a username or an email."""
+    card: dict[str, Any] = {
+        "id": collaborator.handle,
+        "kind": collaborator.kind,
+        "role": collaborator.role,
+        "task": collaborator.task,
+    }
+    if collaborator.is_agent:
+        card["status"] = collaborator.run.status
+        card["run_id"] = collaborator.run.pk
+    return card
+
+
 def visible_collaborators(caller: Collaborator) -> list[Collaborator]:
     tree = SagaTree.load(caller.saga)
     ids = tree.visible_ids(caller)

@@ -720,3 +720,66 @@ def due_expiry_ids(now: Any) -> Iterable[str]:
     return AgentRequest.objects.filter(status__in=AgentRequest.OPEN, expires_at__lte=now).values_list("pk", flat=True)[
         :500
     ]
+
+
+# --- turns of internal runs (the runtime drives these; the kernel owns the state machine) -------
+
+
+def lease_deadline() -> Any:
+    return timezone.now() + timedelta(seconds=settings.AGORA_LEASE_S)
+
+
+def claim_turn(*, run_id: str) -> Run | None:
+    """Compare-and-set a queued run to running with a fresh lease and the next turn number.
+    None means a redelivered doorbell, or another worker got it."""
+    claimed = Run.objects.filter(pk=run_id, status=Run.Status.QUEUED).update(
+        status=Run.Status.RUNNING, turn=F("turn") + 1, lease_until=lease_deadline(), updated_at=timezone.now()
+    )
+    if not claimed:
+        return None
+    return Run.objects.select_related("collaborator__saga", "collaborator__user").get(pk=run_id)
+
+
+def renew_lease(*, run_id: str, turn: int) -> bool:
+    """The heartbeat of a long turn; False once the turn has been taken away from this worker."""
+    return bool(
+        Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, turn=turn).update(lease_until=lease_deadline())
+    )
+
+
+def holds_turn(run_id: str, turn: int) -> bool:
+    return Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, turn=turn).exists()
+
+
+@transaction.atomic
+def park_on_request(*, run_id: str, turn: int, request_id: str, tool_call_id: str) -> None:
+    """Remember, with the request's creation, which tool call waits on it; the turn parks at its end."""
+    Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, turn=turn).update(
+        waiting_on_id=request_id, wait_tool_call_id=tool_call_id
+    )
+
+
+@transaction.atomic
+def end_turn(*, run_id: str, turn: int, more: bool) -> str | None:
+    """Leave `running`: wait on a request, come back for another turn, or go idle.
+
+    Under the saga lock, so a reply or a steering item that lands at the same instant either sees
+    the run parked (and wakes it) or is seen here (and the run comes straight back).
+    """
+    run = Run.objects.select_related("collaborator", "waiting_on").filter(pk=run_id).first()
+    if run is None:
+        return None
+    lock_saga(run.collaborator.saga_id)
+    mine = Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, turn=turn)
+    request = run.waiting_on
+    if request is not None:
+        request.refresh_from_db()
+        if request.is_open and request.wait_deadline is not None:
+            mine.update(status=Run.Status.WAITING, wait_until=request.wait_deadline, lease_until=None)
+            return Run.Status.WAITING
+        more = True  # answered (or timed out) before the turn even ended
+    unread = SteeringItem.objects.filter(recipient=run.collaborator, consumed_at__isnull=True).exists()
+    status = Run.Status.QUEUED if more or unread else Run.Status.IDLE
+    if mine.update(status=status, lease_until=None, updated_at=timezone.now()) and status == Run.Status.QUEUED:
+        ring_run_after_commit(run_id)
+    return status
