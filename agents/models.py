@@ -1,0 +1,55 @@
+from django.db import models
+
+
+class AgentProfile(models.Model):
+    """A role definition: what the agent is told, which tools it may call, which models it runs on."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    role = models.CharField(max_length=120)
+    system_prompt = models.TextField(blank=True)
+    tools = models.JSONField(default=list, help_text="Names of the tools the agent may call.")
+    model = models.CharField(max_length=120, help_text="Model id; `scripted:<playbook>` for the offline provider.")
+    fallback_models = models.JSONField(default=list, blank=True, help_text="Ordered, explicit fallback model ids.")
+    endpoint = models.CharField(max_length=64, default="default", help_text="Named OpenAI-compatible endpoint.")
+    requires = models.JSONField(default=list, blank=True, help_text='Capabilities a model must have, e.g. ["vision"].')
+    model_capabilities = models.JSONField(
+        default=dict, blank=True, help_text='What each model can do, e.g. {"gpt-4.1-mini": ["vision"]}.'
+    )
+    resumable = models.BooleanField(default=False, help_text="Whether a finished run restarts on a new request.")
+    max_turns = models.PositiveIntegerField(default=40)
+    max_tokens = models.PositiveIntegerField(default=200_000, help_text="Token budget for one run.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def candidates(self) -> list[str]:
+        return [self.model, *self.fallback_models]
+
+    def can_run_on(self, model: str) -> bool:
+        return set(self.requires) <= set(self.model_capabilities.get(model, []))
+
+
+class TranscriptEntry(models.Model):
+    """One message of a run's conversation, in the chat-completions shape, so any run can resume
+    after a crash from exactly what was persisted."""
+
+    run = models.ForeignKey("sagas.Run", on_delete=models.CASCADE, related_name="transcript")
+    seq = models.PositiveIntegerField()
+    turn = models.PositiveIntegerField()
+    message = models.JSONField()
+    tokens = models.PositiveIntegerField(default=0, help_text="Tokens the model call that wrote it used.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="transcript_run_seq_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} #{self.seq} {self.message.get('role')}"

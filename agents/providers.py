@@ -1,0 +1,110 @@
+"""Model providers behind one small interface. A provider raises ProviderError, which says whether
+trying again could help; the fallback loop catches only that."""
+
+import os
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Protocol
+
+import openai
+
+from agents import scripted
+
+
+class ProviderError(Exception):
+    def __init__(self, message: str, *, retryable: bool, error_class: str) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.error_class = error_class
+
+
+@dataclass
+class Completion:
+    model: str
+    content: str
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # [{"id", "name", "arguments": str}]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def as_message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in self.tool_calls
+            ]
+        return message
+
+
+class Provider(Protocol):
+    def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion: ...
+
+
+def endpoint_settings(name: str) -> dict[str, Any]:
+    """`default` reads OPENAI_BASE_URL / OPENAI_API_KEY; a named endpoint reads AGORA_ENDPOINT_<NAME>_*."""
+    prefix = "OPENAI" if name == "default" else f"AGORA_ENDPOINT_{name.upper().replace('-', '_')}"
+    return {
+        "base_url": os.environ.get(f"{prefix}_BASE_URL") or None,
+        "api_key": os.environ.get(f"{prefix}_API_KEY") or "not-needed",
+        "timeout": float(os.environ.get(f"{prefix}_TIMEOUT_S", "60")),
+    }
+
+
+class OpenAICompatibleProvider:
+    """Chat completions with tool calling through the `openai` client: OpenAI, vLLM, Ollama, llama.cpp."""
+
+    RETRYABLE = (openai.APITimeoutError, openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
+
+    def __init__(self, endpoint: str) -> None:
+        # The fallback chain is the retry policy: one attempt per candidate.
+        self.client = openai.OpenAI(**endpoint_settings(endpoint), max_retries=0)
+
+    def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        try:
+            create: Any = self.client.chat.completions.create  # messages and tools are plain JSON dicts
+            response = create(model=model, messages=messages, **({"tools": tools} if tools else {}))
+        except self.RETRYABLE as exc:
+            raise ProviderError(str(exc), retryable=True, error_class=type(exc).__name__) from exc
+        except openai.OpenAIError as exc:
+            raise ProviderError(str(exc), retryable=False, error_class=type(exc).__name__) from exc
+        try:
+            choice = response.choices[0].message
+            calls = [
+                {"id": c.id, "name": c.function.name, "arguments": c.function.arguments or ""}
+                for c in (choice.tool_calls or [])
+                if c.type == "function"
+            ]
+        except (AttributeError, IndexError, TypeError) as exc:
+            raise ProviderError(
+                f"malformed completion: {exc}", retryable=True, error_class="MalformedResponse"
+            ) from exc
+        usage = response.usage
+        return Completion(
+            model=model,
+            content=choice.content or "",
+            tool_calls=calls,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+        )
+
+
+class ScriptedProvider:
+    """Deterministic playbooks for the offline demo and tests, on the same tool-calling path."""
+
+    def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        name = model.removeprefix("scripted:")
+        try:
+            content, calls = scripted.next_move(name, messages)
+        except scripted.UnknownPlaybook as exc:
+            raise ProviderError(str(exc), retryable=False, error_class="UnknownPlaybook") from exc
+        return Completion(model=model, content=content, tool_calls=calls)
+
+
+@cache
+def openai_provider(endpoint: str) -> OpenAICompatibleProvider:
+    """One client (and connection pool) per endpoint and process."""
+    return OpenAICompatibleProvider(endpoint)
+
+
+def provider_for(model: str, endpoint: str) -> Provider:
+    return ScriptedProvider() if model.startswith("scripted:") else openai_provider(endpoint)

@@ -1,0 +1,94 @@
+"""The offline provider's playbooks: a deterministic "model" that reads the engine-written steering
+headers in the conversation and answers with tool calls.
+
+A playbook is JSON: `steps` (tool calls made one per model call, in order) and `replies` (the
+payload to reply with per request type, `*` for any). Its tool-call ids are derived from the
+conversation, so a model call re-executed after a crash asks for exactly the same effects, which
+the idempotency keys then deduplicate.
+"""
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+HEADER_RE = re.compile(r"^<<agora (?P<attrs>[^>]*)>>$", re.MULTILINE)
+ATTR_RE = re.compile(r'(\w+)="([^"]*)"')
+
+
+class UnknownPlaybook(Exception):
+    pass
+
+
+def header(**attrs: Any) -> str:
+    """The engine-written header of one steering item; models and playbooks both read it."""
+    return "<<agora " + " ".join(f'{k}="{v}"' for k, v in attrs.items() if v not in (None, "")) + ">>"
+
+
+def parse_items(content: str) -> list[tuple[dict[str, str], Any]]:
+    """The (header attributes, payload) pairs in a rendered steering message."""
+    matches = list(HEADER_RE.finditer(content))
+    items = []
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(content)
+        body = content[match.end() : end].strip()
+        try:
+            payload = json.loads(body) if body else None
+        except json.JSONDecodeError:
+            payload = body
+        items.append((dict(ATTR_RE.findall(match.group("attrs"))), payload))
+    return items
+
+
+@cache
+def playbook_dirs() -> list[Path]:
+    return [Path(__file__).parent / "playbooks", *map(Path, settings.AGORA_PLAYBOOK_DIRS)]
+
+
+def load_playbook(name: str) -> dict[str, Any]:
+    if re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name):
+        for folder in playbook_dirs():
+            path = folder / f"{name}.json"
+            if path.exists():
+                return dict(json.loads(path.read_text()))
+    raise UnknownPlaybook(f"No playbook {name!r}.")
+
+
+def next_move(name: str, messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """(text, tool calls) for the conversation so far."""
+    playbook = load_playbook(name)
+    last_assistant = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+    calls = []
+    for message in messages[last_assistant + 1 :]:
+        if message["role"] != "user":
+            continue
+        for attrs, payload in parse_items(str(message.get("content") or "")):
+            if attrs.get("kind") == "request" and (reply := reply_for(playbook, attrs.get("type", ""), payload)):
+                calls.append(
+                    call(f"reply-{attrs['request_id']}", "reply", {"request_id": attrs["request_id"], **reply})
+                )
+    done = sum(
+        1 for m in messages if m["role"] == "assistant" for c in m.get("tool_calls", []) if c["id"].startswith("step-")
+    )
+    steps = playbook.get("steps", [])
+    if done < len(steps):
+        step = steps[done]
+        calls.append(call(f"step-{done}", step["tool"], step.get("args", {})))
+    text = "" if calls else playbook.get("idle_text", "Nothing more to do for now.")
+    return text, calls
+
+
+def reply_for(playbook: dict[str, Any], type: str, payload: Any) -> dict[str, Any] | None:
+    replies = playbook.get("replies", {})
+    if type in replies:
+        return {"payload": replies[type]}
+    if "*" in replies:
+        return {"payload": {"echo": payload} if replies["*"] == "echo" else replies["*"]}
+    return None
+
+
+def call(call_id: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call_id, "name": tool, "arguments": json.dumps(args)}

@@ -1,0 +1,193 @@
+"""The tools offered to models (DESIGN.md §6), each bound to a kernel action.
+
+Every tool runs inside the transaction that also stores its result in the transcript, with the
+idempotency key (run, tool call id): after a crash a call either happened with its result stored,
+or not at all.
+"""
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sagas import actions, errors
+from sagas.access import collaborator_card, visible_collaborators
+from sagas.models import AgentRequest, Collaborator, Run
+
+
+@dataclass
+class Call:
+    run: Run
+    collaborator: Collaborator
+    turn: int
+    call_id: str
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.run.pk}:{self.call_id}"
+
+
+@dataclass
+class Outcome:
+    result: dict[str, Any] | None  # None: the call waits; its result comes when the run resumes
+    finished: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def tool_error(code: str, message: str) -> Outcome:
+    return Outcome({"error": {"code": code, "message": message}})
+
+
+def get_collaborators(call: Call) -> Outcome:
+    return Outcome({"collaborators": [collaborator_card(c) for c in visible_collaborators(call.collaborator)]})
+
+
+def ask_agent(
+    call: Call, to: str, type: str, payload: Any, mode: str = "async", timeout_s: float | None = None
+) -> Outcome:
+    request, _ = actions.ask_agent(
+        sender=call.collaborator, to=to, type=type, payload=payload, mode=mode, timeout_s=timeout_s,
+        idempotency_key=call.idempotency_key,
+    )  # fmt: skip
+    if mode != AgentRequest.Mode.WAIT:
+        return Outcome({"request_id": request.pk, "status": request.status})
+    actions.park_on_request(run_id=call.run.pk, turn=call.turn, request_id=request.pk, tool_call_id=call.call_id)
+    return Outcome(None)
+
+
+def reply(call: Call, request_id: str, payload: Any = None, error: Any = None) -> Outcome:
+    request = actions.reply_to_request(request_id=request_id, by=call.collaborator.user, payload=payload, error=error)
+    return Outcome({"request_id": request.pk, "status": request.status})
+
+
+def cancel_request(call: Call, request_id: str) -> Outcome:
+    request = actions.cancel_request(request_id=request_id, by=call.collaborator.user)
+    return Outcome({"request_id": request.pk, "status": request.status})
+
+
+def ask_human(call: Call, title: str, fields: list[Any], to: str | None = None) -> Outcome:
+    form, _ = actions.ask_human(
+        asker=call.collaborator, title=title, fields=fields, to=to, idempotency_key=call.idempotency_key
+    )
+    return Outcome({"human_request_id": form.pk, "status": form.status})
+
+
+def delegate(call: Call, name: str, role: str, task: str, profile: str | None = None) -> Outcome:
+    child, _ = actions.add_agent(
+        saga=call.collaborator.saga, name=name, role=role, task=task, runtime=Collaborator.Runtime.INTERNAL,
+        profile=profile or call.collaborator.profile, parent=call.collaborator.handle, by=call.collaborator.user,
+    )  # fmt: skip
+    return Outcome(collaborator_card(child))
+
+
+def finish(call: Call, result: Any = None) -> Outcome:
+    return Outcome({"status": "completed"}, finished=True, extra={"result": result})
+
+
+ANY: dict[str, Any] = {}  # any JSON value
+STRING = {"type": "string"}
+TOOLS: dict[str, tuple[Callable[..., Outcome], str, dict[str, Any], list[str]]] = {
+    "get_collaborators": (get_collaborators, "List the people and agents of this saga you can see.", {}, []),
+    "ask_agent": (
+        ask_agent,
+        "Send a request to another agent. mode=async returns a request_id at once and the reply arrives "
+        "in a later turn; mode=wait returns the reply as this call's result (or timed_out).",
+        {
+            "to": {"type": "string", "description": "Collaborator id such as agent:coder-01."},
+            "type": {"type": "string", "description": "A short dotted request type such as code.review."},
+            "payload": ANY,
+            "mode": {"type": "string", "enum": ["async", "wait"]},
+            "timeout_s": {"type": "number", "description": "How long a wait may last."},
+        },
+        ["to", "type", "payload"],
+    ),
+    "reply": (
+        reply,
+        "Answer a request addressed to you, with a payload or an error.",
+        {"request_id": STRING, "payload": ANY, "error": ANY},
+        ["request_id"],
+    ),
+    "cancel_request": (cancel_request, "Withdraw a request you sent.", {"request_id": STRING}, ["request_id"]),
+    "ask_human": (
+        ask_human,
+        "Ask a person of the saga to fill in a form; the answer arrives in a later turn.",
+        {
+            "to": {"type": "string", "description": "human:<name>; the saga's owner when omitted."},
+            "title": STRING,
+            "fields": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": STRING,
+                        "label": STRING,
+                        "required": {"type": "boolean"},
+                        "type": {
+                            "type": "string",
+                            "enum": [
+                                "text",
+                                "textarea",
+                                "integer",
+                                "number",
+                                "boolean",
+                                "choice",
+                                "multichoice",
+                                "date",
+                                "email",
+                            ],
+                        },
+                        "choices": {"type": "array", "items": STRING},
+                    },
+                    "required": ["name", "type"],
+                },
+            },
+        },
+        ["title", "fields"],
+    ),
+    "delegate": (
+        delegate,
+        "Hand a self-contained sub-task to a new agent under you.",
+        {"name": STRING, "role": STRING, "task": STRING, "profile": STRING},
+        ["name", "role", "task"],
+    ),
+    "finish": (finish, "End your work with a result.", {"result": ANY}, []),
+}
+
+
+def schemas(allowed: list[str]) -> list[dict[str, Any]]:
+    """JSON-schema function definitions of the allowed tools, for the model."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": description,
+                "parameters": {"type": "object", "properties": properties, "required": required},
+            },
+        }
+        for name, (_, description, properties, required) in TOOLS.items()
+        if name in allowed
+    ]
+
+
+def execute(call: Call, name: str, arguments: str, allowed: list[str]) -> Outcome:
+    """Run one tool call; anything wrong with it becomes an error result for the model, not a crash."""
+    if name not in TOOLS or name not in allowed:
+        return tool_error("unknown_tool", f"No tool {name!r} is available to you.")
+    handler, _, properties, required = TOOLS[name]
+    try:
+        args = json.loads(arguments or "{}")
+    except json.JSONDecodeError as exc:
+        return tool_error("invalid_arguments", f"Arguments are not valid JSON: {exc}.")
+    if not isinstance(args, dict):
+        return tool_error("invalid_arguments", "Arguments must be a JSON object.")
+    if missing := [k for k in required if k not in args]:
+        return tool_error("invalid_arguments", f"Missing: {', '.join(missing)}.")
+    if unknown := [k for k in args if k not in properties]:
+        return tool_error("invalid_arguments", f"Unknown arguments: {', '.join(unknown)}.")
+    try:
+        return handler(call, **args)
+    except errors.KernelError as exc:
+        return tool_error(exc.code, exc.detail)
+    except (TypeError, ValueError) as exc:  # an argument of the wrong type, e.g. timeout_s="soon"
+        return tool_error("invalid_arguments", str(exc))
