@@ -129,11 +129,14 @@ def child_env(redis_url: str, **extra: str) -> dict[str, str]:
 class CeleryWorker:
     """A real `celery worker` process against the test database and this test's Redis database."""
 
-    def __init__(self, redis_url: str, logdir: Path, *, concurrency: int = 2, queues: str = "") -> None:
+    def __init__(
+        self, redis_url: str, logdir: Path, *, concurrency: int = 2, queues: str = "", env: dict[str, str] | None = None
+    ) -> None:
         from config.celery import app
 
         self.app = app
         self.redis_url = redis_url
+        self.env = env or {}
         self.concurrency = concurrency
         self.queues = queues
         self.log_path = logdir / f"worker-{uuid.uuid4().hex[:8]}.log"
@@ -166,7 +169,7 @@ class CeleryWorker:
         self.proc = subprocess.Popen(
             argv,
             cwd=BASE_DIR,
-            env=child_env(self.redis_url),
+            env=child_env(self.redis_url, **self.env),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
