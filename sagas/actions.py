@@ -326,6 +326,8 @@ def ask_agent(
         raise errors.InvalidPayload("Bad request type.", errors={"type": ["A short dotted name such as code.review."]})
     if mode not in AgentRequest.Mode.values:
         raise errors.InvalidPayload("Bad mode.", errors={"mode": ["async or wait."]})
+    if payload is None:  # the column is NOT NULL: refuse here rather than fail the insert
+        raise errors.InvalidPayload("A request needs a payload.", errors={"payload": ["This field is required."]})
     check_payload(payload)
     wait_s = min(float(timeout_s or settings.AGORA_DEFAULT_WAIT_S), settings.AGORA_MAX_WAIT_S)
     if wait_s <= 0:
