@@ -379,8 +379,8 @@ def ask_agent(
         if first is None:
             raise
         return first, False
-    if run.is_finished:  # resumable: a new request restarts it
-        Run.objects.filter(pk=run.pk, status__in=Run.FINISHED).update(status=Run.Status.IDLE)
+    # A finished run reaching this point is resumable: the new request restarts it.
+    resumed = run.is_finished and Run.objects.filter(pk=run.pk, status__in=Run.FINISHED).update(status=Run.Status.IDLE)
     push_steering(
         recipient=recipient, kind=SteeringItem.Kind.REQUEST, sender=sender.handle, request=request, payload=payload
     )
@@ -392,6 +392,14 @@ def ask_agent(
         data={"request_id": request.pk, "to": recipient.handle, "type": type, "mode": mode, "hop": hop,
               "payload": payload},
     )  # fmt: skip
+    if resumed:
+        record(
+            saga_id=saga.pk,
+            type="run.resumed",
+            actor=sender.handle,
+            run_id=run.pk,
+            data={"previous_status": run.status, "request_id": request.pk},
+        )
     return request, True
 
 
