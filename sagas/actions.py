@@ -286,6 +286,8 @@ def steer(*, saga: Saga, to: Collaborator, message: Any, by: User) -> SteeringIt
     saga = lock_saga(saga.pk)
     if not may_manage(by, saga):
         raise errors.Forbidden("Only managers of the saga steer its agents.")
+    if to.saga_id != saga.pk:  # managing one saga gives no reach into another
+        raise errors.NotFound(f"No collaborator {to.handle} in this saga.")
     if not to.is_agent:
         raise errors.InvalidPayload("Steer agents; ask people through forms.", errors={"to": ["Not an agent."]})
     check_payload(message, field="message")
