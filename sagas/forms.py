@@ -117,9 +117,13 @@ def convert(field: dict[str, Any], value: Any) -> Any:
         return values
     if kind == "date":
         try:
-            return datetime.date.fromisoformat(str(value)).isoformat()
+            if not isinstance(value, str):  # fromisoformat(str(20261129)) would accept a number
+                raise ValueError
+            return datetime.date.fromisoformat(value).isoformat()
         except ValueError:
             raise ValueError("Enter a date as YYYY-MM-DD.") from None
+    if not isinstance(value, str):  # validate_email raises TypeError on other types
+        raise ValueError("Enter a valid email address.")
     try:
         validate_email(value)
     except ValidationError:
