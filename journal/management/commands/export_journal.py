@@ -1,5 +1,6 @@
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from journal.access import saga_model
@@ -16,7 +17,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, saga_id: str, after: int, **options: Any) -> None:
         try:
             exists = saga_model().objects.filter(pk=saga_id).exists()
-        except ValueError as exc:
+        except (ValueError, ValidationError) as exc:  # a malformed UUID raises ValidationError
             raise CommandError(f"Not a saga id: {saga_id}") from exc
         if not exists:
             raise CommandError(f"No saga {saga_id}.")
