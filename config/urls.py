@@ -1,11 +1,23 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from accounts.api import TokenCreateApi
 from config.health import healthz
+from sagas.api.urls import fallback as api_fallback
+
+api_v1: list[URLPattern | URLResolver] = [
+    path("auth/token/", TokenCreateApi.as_view(), name="api-token"),
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("", include("journal.urls")),
+    path("", include("sagas.api.urls")),
+    *api_fallback,  # last: anything else under /api/v1/ is a problem+json 404
+]
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
-    path("api/v1/", include("journal.urls")),
+    path("api/v1/", include(api_v1)),
 ]

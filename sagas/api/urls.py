@@ -1,0 +1,33 @@
+from django.urls import path, re_path
+
+from sagas.api import schema, views  # noqa: F401  (schema: its OpenAPI extensions register themselves)
+from sagas.api.waiting import waiting_view
+
+urlpatterns = [
+    path("sagas/", views.SagaCollectionApi.as_view(), name="api-sagas"),
+    path("sagas/<uuid:saga_id>/", views.SagaDetailApi.as_view(), name="api-saga"),
+    path("sagas/<uuid:saga_id>/collaborators/", views.CollaboratorCollectionApi.as_view(), name="api-collaborators"),
+    path(
+        "sagas/<uuid:saga_id>/collaborators/<str:cid>/steer/",
+        views.CollaboratorSteerApi.as_view(),
+        name="api-collaborator-steer",
+    ),
+    path("sagas/<uuid:saga_id>/requests/", waiting_view(views.AgentRequestCreateApi), name="api-requests"),
+    path("sagas/<uuid:saga_id>/human-requests/", views.HumanRequestCreateApi.as_view(), name="api-human-requests"),
+    path("sagas/<uuid:saga_id>/journal/", views.JournalEventListApi.as_view(), name="api-journal"),
+    path("requests/<str:request_id>/", views.AgentRequestDetailApi.as_view(), name="api-request"),
+    path("requests/<str:request_id>/reply/", views.AgentRequestReplyApi.as_view(), name="api-request-reply"),
+    path("requests/<str:request_id>/cancel/", views.AgentRequestCancelApi.as_view(), name="api-request-cancel"),
+    path("steering/", waiting_view(views.SteeringFeedApi), name="api-steering"),
+    path("runs/<str:run_id>/status/", views.RunStatusApi.as_view(), name="api-run-status"),
+    path("human-requests/", views.HumanRequestListApi.as_view(), name="api-human-request-list"),
+    path("human-requests/<str:human_request_id>/", views.HumanRequestDetailApi.as_view(), name="api-human-request"),
+    path(
+        "human-requests/<str:human_request_id>/answer/",
+        views.HumanRequestAnswerApi.as_view(),
+        name="api-human-request-answer",
+    ),
+]
+
+# Last, after every other /api/v1/ route (config/urls.py includes this module last).
+fallback = [re_path(r"^.*$", views.ApiNotFound.as_view(), name="api-not-found")]

@@ -1,0 +1,276 @@
+"""Tokens, sagas, collaborators, steering messages, the journal, authentication and the OpenAPI
+document, through DRF's APIClient."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from rest_framework.test import APIClient
+
+from accounts.actions import create_agent_user, issue_token
+from accounts.models import ApiToken, User
+from journal.models import JournalEvent
+from sagas.models import Collaborator, SteeringItem
+from tests.sagas.kernel import Team
+
+pytestmark = pytest.mark.usefixtures("fast_passwords")
+
+
+def client_for(user: User, scheme: str = "Token") -> APIClient:
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"{scheme} {issue_token(user=user)}")
+    return api
+
+
+def problem(response: Any, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, (response.status_code, response.content)
+    assert response["Content-Type"].startswith("application/problem+json")
+    body: dict[str, Any] = json.loads(response.content)
+    assert body["code"] == code, body
+    return body
+
+
+def test_a_person_trades_a_password_for_a_token(alice: User) -> None:
+    anonymous = APIClient()
+    issued = anonymous.post("/api/v1/auth/token/", {"username": "alice", "password": "alice-password"}, format="json")
+    assert issued.status_code == 200 and set(issued.data) == {"token"}
+    assert issued.data["token"].startswith("usr_")
+    assert ApiToken.objects.filter(user=alice).count() == 1  # stored hashed, never in clear
+    assert not ApiToken.objects.filter(key_hash=issued.data["token"]).exists()
+    me = APIClient()
+    me.credentials(HTTP_AUTHORIZATION=f"Token {issued.data['token']}")
+    assert me.get("/api/v1/sagas/").status_code == 200
+
+    wrong = anonymous.post("/api/v1/auth/token/", {"username": "alice", "password": "nope"}, format="json")
+    unknown = anonymous.post("/api/v1/auth/token/", {"username": "nobody", "password": "nope"}, format="json")
+    assert problem(wrong, 400, "invalid_credentials") == problem(unknown, 400, "invalid_credentials")
+    problem(anonymous.post("/api/v1/auth/token/", {"username": "alice"}, format="json"), 400, "invalid_payload")
+
+
+def test_agents_never_log_in(db: None) -> None:
+    agent = create_agent_user(username="agent.x.coder")
+    agent.set_password("guessable-password")  # even if a service user somehow had a password
+    agent.save()
+    refused = APIClient().post(
+        "/api/v1/auth/token/", {"username": "agent.x.coder", "password": "guessable-password"}, format="json"
+    )
+    problem(refused, 400, "invalid_credentials")
+    assert not ApiToken.objects.filter(user=agent).exists()
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("get", "/api/v1/sagas/"),
+        ("post", "/api/v1/sagas/"),
+        ("get", "/api/v1/sagas/00000000-0000-4000-8000-000000000000/"),
+        ("get", "/api/v1/sagas/00000000-0000-4000-8000-000000000000/collaborators/"),
+        ("post", "/api/v1/sagas/00000000-0000-4000-8000-000000000000/requests/"),
+        ("get", "/api/v1/sagas/00000000-0000-4000-8000-000000000000/journal/"),
+        ("get", "/api/v1/requests/req-1/"),
+        ("post", "/api/v1/requests/req-1/reply/"),
+        ("get", "/api/v1/steering/?wait=5"),
+        ("post", "/api/v1/runs/run-1/status/"),
+        ("get", "/api/v1/human-requests/"),
+        ("post", "/api/v1/human-requests/hreq-1/answer/"),
+        ("get", "/api/v1/no-such-endpoint/"),
+    ],
+)
+def test_every_endpoint_requires_authentication(db: None, method: str, path: str) -> None:
+    for client in (APIClient(), token_client("Token not-a-real-token")):
+        response = client.get(path) if method == "get" else client.post(path, {}, format="json")
+        assert response.status_code == 401, response.content
+        assert response["Content-Type"].startswith("application/problem+json")
+        assert response.json()["code"] in ("not_authenticated", "authentication_failed")
+        assert response["WWW-Authenticate"] == "Token"
+
+
+def token_client(header: str) -> APIClient:
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=header)
+    return api
+
+
+def test_sagas_are_created_by_people_and_listed_for_who_may_see_them(alice: User, mallory: User) -> None:
+    created = client_for(alice).post(
+        "/api/v1/sagas/", {"title": "API v2", "goal": "ship v2", "policy": "open"}, format="json"
+    )
+    assert created.status_code == 201
+    saga = created.data
+    assert {k: saga[k] for k in ("title", "goal", "policy", "status", "owner")} == {
+        "title": "API v2",
+        "goal": "ship v2",
+        "policy": "open",
+        "status": "open",
+        "owner": "human:alice",
+    }
+    assert [s["id"] for s in client_for(alice).get("/api/v1/sagas/").data["sagas"]] == [saga["id"]]
+    assert client_for(alice).get(f"/api/v1/sagas/{saga['id']}/").data == saga
+    assert client_for(mallory).get("/api/v1/sagas/").data == {"sagas": []}
+    problem(client_for(mallory).get(f"/api/v1/sagas/{saga['id']}/"), 404, "not_found")
+    problem(client_for(mallory).get("/api/v1/sagas/not-a-uuid/"), 404, "not_found")
+    body = problem(
+        client_for(alice).post("/api/v1/sagas/", {"title": "", "policy": "mesh"}, format="json"), 400, "invalid_payload"
+    )
+    assert set(body["errors"]) == {"title", "policy"}
+
+
+def test_collaborators_join_and_are_discovered_as_the_caller_sees_them(team: Team, alice: User) -> None:
+    base = f"/api/v1/sagas/{team.saga.pk}"
+    owner = client_for(alice)
+    added = owner.post(
+        f"{base}/collaborators/",
+        {"kind": "agent", "name": "ext", "role": "Integrator", "task": "Call us", "parent": "agent:lead"},
+        format="json",
+    )
+    assert added.status_code == 201
+    card = added.data
+    token = card.pop("token")
+    assert token.startswith("agt_")
+    run_id = Collaborator.objects.get(saga=team.saga, name="ext").run.pk
+    assert card == {"id": "agent:ext", "kind": "agent", "role": "Integrator", "task": "Call us", "status": "idle",
+                    "run_id": run_id}  # fmt: skip
+
+    # The new agent (a delegate of lead) sees its delegator, its siblings under the tree policy,
+    # itself and the people; never the scout, lead's sibling's subtree included.
+    ext = token_client(f"Bearer {token}")
+    seen = ext.get(f"{base}/collaborators/").data["collaborators"]
+    assert [c["id"] for c in seen] == [
+        "human:alice", "human:bob", "agent:lead", "agent:coder", "agent:reviewer", "agent:ext",
+    ]  # fmt: skip
+    assert all("token" not in c and "username" not in c and "email" not in c for c in seen)
+    # People see everyone.
+    everyone = owner.get(f"{base}/collaborators/").data["collaborators"]
+    assert {c["id"] for c in everyone} >= {"agent:scout", "agent:tester", "agent:ext"}
+    assert all(("run_id" in c) == (c["kind"] == "agent") for c in everyone)
+
+    # An agent adds only its own delegates; people add people.
+    mine = ext.post(
+        f"{base}/collaborators/", {"kind": "agent", "name": "ext-helper", "parent": "agent:ext"}, format="json"
+    )
+    assert mine.status_code == 201 and mine.data["id"] == "agent:ext-helper"
+    not_mine = {"kind": "agent", "name": "mole", "parent": "agent:lead"}
+    problem(ext.post(f"{base}/collaborators/", not_mine, format="json"), 403, "forbidden")
+    problem(ext.post(f"{base}/collaborators/", {"kind": "human", "username": "alice"}, format="json"), 403, "forbidden")
+    problem(owner.post(f"{base}/collaborators/", {"kind": "agent", "name": "ext"}, format="json"), 409, "name_taken")
+    problem(owner.post(f"{base}/collaborators/", {"kind": "robot"}, format="json"), 400, "invalid_payload")
+    nobody = owner.post(f"{base}/collaborators/", {"kind": "human", "username": "nobody"}, format="json")
+    assert problem(nobody, 400, "invalid_payload")["errors"] == {"username": ["No such person."]}
+    # The token is in the response that created the agent, and nowhere else.
+    assert token not in json.dumps(owner.get(f"{base}/collaborators/").data)
+
+
+def test_people_join_with_a_role(team: Team, alice: User, mallory: User) -> None:
+    base = f"/api/v1/sagas/{team.saga.pk}"
+    joined = client_for(alice).post(
+        f"{base}/collaborators/",
+        {"kind": "human", "username": "mallory", "role": "Auditor", "task": "Audit"},
+        format="json",
+    )
+    assert (joined.status_code, joined.data) == (
+        201,
+        {"id": "human:mallory", "kind": "human", "role": "Auditor", "task": "Audit"},
+    )
+    assert client_for(mallory).get(f"{base}/").status_code == 200  # she may see the saga now
+
+
+def test_managers_steer_agents(team: Team, alice: User, bob: User) -> None:
+    base = f"/api/v1/sagas/{team.saga.pk}"
+    steered = client_for(alice).post(
+        f"{base}/collaborators/agent:coder/steer/", {"message": "Prioritise the auth endpoints."}, format="json"
+    )
+    assert steered.status_code == 201 and steered.data["to"] == "agent:coder"
+    [item] = client_for(team.user("coder"), "Bearer").get("/api/v1/steering/?after=0").data["items"]
+    assert (item["seq"], item["kind"], item["from"], item["payload"]) == (
+        steered.data["seq"],
+        "message",
+        "human:alice",
+        "Prioritise the auth endpoints.",
+    )
+    assert item["request_id"] is None and "status" not in item
+    problem(
+        client_for(bob).post(f"{base}/collaborators/agent:coder/steer/", {"message": "x"}, format="json"),
+        403,
+        "forbidden",
+    )
+    problem(
+        client_for(alice).post(f"{base}/collaborators/agent:ghost/steer/", {"message": "x"}, format="json"),
+        404,
+        "not_found",
+    )
+    problem(
+        client_for(alice).post(f"{base}/collaborators/human:bob/steer/", {"message": "x"}, format="json"),
+        400,
+        "invalid_payload",
+    )
+    assert SteeringItem.objects.filter(kind="message").count() == 1
+
+
+def test_the_steering_cursor_acknowledges_and_pages(team: Team, alice: User) -> None:
+    lead, coder = client_for(team.user("lead"), "Bearer"), client_for(team.user("coder"), "Bearer")
+    path = f"/api/v1/sagas/{team.saga.pk}/requests/"
+    rids = [
+        lead.post(path, {"to": "agent:coder", "type": f"t{n}", "payload": n}, format="json").data["request_id"]
+        for n in range(3)
+    ]
+    items = coder.get("/api/v1/steering/?after=0").data["items"]
+    assert [i["request_id"] for i in items] == rids
+    # after=N consumes up to N (those requests become delivered) and returns what follows.
+    rest = coder.get(f"/api/v1/steering/?after={items[1]['seq']}").data["items"]
+    assert [i["request_id"] for i in rest] == rids[2:]
+    assert [lead.get(f"/api/v1/requests/{rid}/").data["status"] for rid in rids] == [
+        "delivered",
+        "delivered",
+        "pending",
+    ]
+    problem(coder.get("/api/v1/steering/?after=-1"), 400, "invalid_payload")
+    problem(coder.get("/api/v1/steering/?wait=soon"), 400, "invalid_payload")
+    problem(client_for(alice).get("/api/v1/steering/"), 403, "forbidden")
+
+
+def test_external_runs_report_their_status(team: Team, alice: User) -> None:
+    coder = client_for(team.user("coder"), "Bearer")
+    run_id = team.run("coder").pk
+    working = coder.post(f"/api/v1/runs/{run_id}/status/", {"status": "working"}, format="json")
+    assert (working.status_code, working.data) == (200, {"run_id": run_id, "status": "running"})
+    problem(coder.post(f"/api/v1/runs/{run_id}/status/", {"status": "asleep"}, format="json"), 400, "invalid_payload")
+    problem(
+        coder.post(f"/api/v1/runs/{team.run('lead').pk}/status/", {"status": "idle"}, format="json"), 404, "not_found"
+    )
+    problem(
+        client_for(alice).post(f"/api/v1/runs/{run_id}/status/", {"status": "idle"}, format="json"), 404, "not_found"
+    )
+
+
+def test_the_journal_pages_after_a_cursor(team: Team, alice: User, mallory: User) -> None:
+    base = f"/api/v1/sagas/{team.saga.pk}/journal/"
+    events = client_for(alice).get(base).data["events"]
+    stored = list(JournalEvent.objects.for_saga(team.saga.pk).values_list("seq", "type", "actor"))
+    assert [(e["seq"], e["type"], e["actor"]) for e in events] == stored
+    assert events[0]["type"] == "saga.created" and events[0]["actor"] == "human:alice"
+    page = client_for(alice).get(f"{base}?after=2&limit=3").data["events"]
+    assert [e["seq"] for e in page] == [3, 4, 5]
+    assert client_for(team.user("tester"), "Bearer").get(f"{base}?after=2&limit=3").data["events"] == page
+    problem(client_for(alice).get(f"{base}?limit=0"), 400, "invalid_payload")
+    problem(client_for(mallory).get(base), 404, "not_found")
+
+
+def test_the_openapi_document_and_its_docs(alice: User, tmp_path: Path) -> None:
+    schema = client_for(alice).get("/api/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert schema.status_code == 200
+    paths = json.loads(schema.content)["paths"]
+    for path in (
+        "/api/v1/auth/token/",
+        "/api/v1/sagas/{saga_id}/requests/",
+        "/api/v1/steering/",
+        "/api/v1/requests/{request_id}/reply/",
+        "/api/v1/human-requests/{human_request_id}/answer/",
+        "/api/v1/sagas/{saga_id}/journal/",
+    ):
+        assert path in paths, path
+    assert set(paths["/api/v1/sagas/{saga_id}/requests/"]["post"]["responses"]) >= {"200", "202", "409", "413"}
+    assert client_for(alice).get("/api/v1/docs/").status_code == 200
+    # The document is valid OpenAPI and its generation raises no warning.
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
