@@ -243,7 +243,9 @@ class Turn:
     # --- persistence ------------------------------------------------------------------------
 
     def check_lease(self) -> None:
-        """Inside a transaction: lock the run row and make sure this worker still holds the turn."""
+        """Inside a transaction: take the saga's lock, as every kernel write does first (one lock
+        order, no deadlocks), then make sure this worker still holds the turn."""
+        actions.lock_saga(self.saga_id)
         if (
             not Run.objects.select_for_update()
             .filter(pk=self.run.pk, status=Run.Status.RUNNING, turn=self.turn)

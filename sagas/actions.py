@@ -264,6 +264,7 @@ def consume_steering(
     Called in the transaction that records the turn's input, so a crash before it leaves them
     unread. Requests among them become `delivered`.
     """
+    lock_saga(recipient.saga_id)
     items = SteeringItem.objects.filter(recipient=recipient, consumed_at__isnull=True)
     if upto_seq is not None:
         items = items.filter(seq__lte=upto_seq)

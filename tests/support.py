@@ -25,7 +25,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T], *, timeout: float = 20.0, interval: float = 0.05, what: str = "") -> T:
+def wait_until(check: Callable[[], T | None], *, timeout: float = 20.0, interval: float = 0.05, what: str = "") -> T:
     """Poll check() until it returns something truthy; fail the test after timeout seconds."""
     deadline = time.monotonic() + timeout
     while True:

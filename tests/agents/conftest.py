@@ -1,0 +1,73 @@
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accounts.models import User
+from agents.actions import load_profiles
+from sagas import actions
+from sagas.models import Collaborator, Saga
+from tests.agents.fake_llm import FakeLLM
+from tests.support import CeleryWorker
+
+LEASE_S = "3"
+
+
+@pytest.fixture
+def fake_llm() -> Iterator[FakeLLM]:
+    server = FakeLLM()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def runtime_env(fake_llm: FakeLLM) -> dict[str, str]:
+    """What a worker needs to reach the fake provider, with short leases so crashes heal fast."""
+    return {
+        "OPENAI_BASE_URL": fake_llm.url,
+        "OPENAI_API_KEY": "test",
+        "OPENAI_TIMEOUT_S": "2",
+        "AGORA_LEASE_S": LEASE_S,
+    }
+
+
+@pytest.fixture
+def worker(
+    transactional_db: None, redis_url: str, artifacts: Path, runtime_env: dict[str, str]
+) -> Iterator[CeleryWorker]:
+    started = CeleryWorker(redis_url, artifacts, env=runtime_env)
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def saga(transactional_db: None, alice: User) -> Saga:
+    return actions.create_saga(title="Runtime", goal="Test the runtime", owner=alice, policy=Saga.Policy.TREE)
+
+
+@pytest.fixture
+def add_internal(saga: Saga, alice: User) -> Callable[..., Collaborator]:
+    """Add an internal agent on a fresh profile; its first turn is queued when the add commits."""
+
+    def add(name: str, *, model: str, fallback: list[str] | None = None, **profile: Any) -> Collaborator:
+        load_profiles(
+            entries=[
+                {
+                    "name": f"p-{name}",
+                    "role": name.title(),
+                    "model": model,
+                    "fallback_models": fallback or [],
+                    "tools": ["get_collaborators", "ask_agent", "reply", "cancel_request", "ask_human", "delegate",
+                              "finish"],
+                    **profile,
+                }
+            ]
+        )  # fmt: skip
+        collaborator, _ = actions.add_agent(
+            saga=saga, name=name, role=name.title(), task=f"{name}'s task", runtime="internal", profile=f"p-{name}",
+            by=alice,
+        )  # fmt: skip
+        return collaborator
+
+    return add

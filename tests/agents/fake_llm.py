@@ -1,0 +1,141 @@
+"""A local OpenAI-compatible chat-completions server, so tests exercise the real `openai` client
+over HTTP. Each model name has a queue of scripted replies; faults (500, 429, a hang past the
+client's timeout, malformed output) are queued the same way."""
+
+import itertools
+import json
+import threading
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+HANG_LIMIT_S = 60.0  # a hang ends when the test releases it, or at the latest after this
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # "500", "429", "hang", "malformed"
+
+
+SERVER_ERROR, RATE_LIMIT, HANG, MALFORMED = Fault("500"), Fault("429"), Fault("hang"), Fault("malformed")
+GATE = Fault("gate")  # hold this call until the test opens the gate, then answer with the next reply
+_ids = itertools.count(1)
+
+
+def tool_call(name: str, arguments: dict[str, Any] | str, call_id: str | None = None) -> dict[str, Any]:
+    return {
+        "id": call_id or f"call_{next(_ids)}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)},
+    }
+
+
+def say(content: str = "", *calls: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message, optionally with tool calls."""
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = list(calls)
+    return message
+
+
+Reply = dict[str, Any] | Fault
+Rule = Callable[[dict[str, Any]], Reply]
+
+
+class FakeLLM:
+    def __init__(self) -> None:
+        self.queues: dict[str, deque[Reply]] = defaultdict(deque)
+        self.rules: dict[str, Rule] = {}
+        self.received: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.release = threading.Event()  # ends every hang
+        self.gate = threading.Event()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def script(self, model: str, *replies: Reply) -> None:
+        """Replies for the next calls to model, in order."""
+        with self.lock:
+            self.queues[model].extend(replies)
+
+    def rule(self, model: str, decide: Rule) -> None:
+        """How to answer model once its scripted replies are used up: decide(request body)."""
+        with self.lock:
+            self.rules[model] = decide
+
+    def calls_for(self, model: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [r for r in self.received if r["model"] == model]
+
+    def stop(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _next(self, body: dict[str, Any]) -> Reply:
+        with self.lock:
+            self.received.append(body)
+        return self._pop(body)
+
+    def _pop(self, body: dict[str, Any]) -> Reply:
+        with self.lock:
+            queue, rule = self.queues[body["model"]], self.rules.get(body["model"])
+            if queue:
+                return queue.popleft()
+        return rule(body) if rule else say("Nothing more to do.")
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                reply = fake._next(body)
+                if reply == GATE:
+                    fake.gate.wait(HANG_LIMIT_S)
+                    reply = fake._pop(body)
+                if reply == HANG:
+                    fake.release.wait(HANG_LIMIT_S)
+                    return self.send(500, {"error": {"message": "released"}})
+                if reply == SERVER_ERROR:
+                    return self.send(500, {"error": {"message": "upstream exploded", "type": "server_error"}})
+                if reply == RATE_LIMIT:
+                    return self.send(429, {"error": {"message": "slow down", "type": "rate_limit"}})
+                if reply == MALFORMED:
+                    return self.send(200, {"unexpected": "shape"})
+                assert isinstance(reply, dict)
+                self.send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{next(_ids)}",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body["model"],
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": reply,
+                                "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop",
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+                    },
+                )
+
+            def send(self, status: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
