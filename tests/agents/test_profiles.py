@@ -1,0 +1,75 @@
+import json
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from agents.models import AgentProfile
+
+pytestmark = pytest.mark.django_db
+
+PROFILE = {
+    "name": "coder",
+    "role": "Coder",
+    "system_prompt": "You implement API changes.",
+    "tools": ["get_collaborators", "ask_agent", "reply", "ask_human", "delegate", "finish"],
+    "model": "gpt-4.1-mini",
+    "fallback_models": ["gpt-4.1-nano"],
+    "endpoint": "default",
+    "requires": [],
+    "resumable": False,
+    "max_turns": 40,
+}
+
+
+def load(path: Path) -> str:
+    out = StringIO()
+    call_command("load_profiles", str(path), stdout=out)
+    return out.getvalue().strip()
+
+
+def test_loading_json_creates_and_loading_again_updates_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "profiles.json"
+    path.write_text(json.dumps([PROFILE]))
+    assert load(path) == "1 profiles created, 0 updated."
+
+    path.write_text(json.dumps([{**PROFILE, "fallback_models": ["gpt-4.1-nano", "local-llama"], "max_turns": 12}]))
+    assert load(path) == "0 profiles created, 1 updated."
+
+    profile = AgentProfile.objects.get(name="coder")
+    assert profile.candidates == ["gpt-4.1-mini", "gpt-4.1-nano", "local-llama"]
+    assert profile.max_turns == 12
+    assert AgentProfile.objects.count() == 1
+
+
+def test_loading_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "profiles.yaml"
+    path.write_text("- name: tester\n  role: Tester\n  model: scripted:responder\n  tools: [reply]\n")
+    assert load(path) == "1 profiles created, 0 updated."
+    assert AgentProfile.objects.get(name="tester").tools == ["reply"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "Expecting property name"),
+        (json.dumps({"name": "x"}), "A profiles file holds a list of objects."),
+        (json.dumps([{"name": "x", "role": "X"}]), "lacks model"),
+        (json.dumps([{**PROFILE, "colour": "red"}]), "unknown keys: colour"),
+        (json.dumps([PROFILE, {**PROFILE, "name": "bad name!"}]), "slug"),
+    ],
+)
+def test_a_bad_file_is_refused_whole_with_a_clear_error(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "profiles.json"
+    path.write_text(content)
+    with pytest.raises(CommandError, match=message):
+        load(path)
+    assert not AgentProfile.objects.exists()  # all or nothing
+
+
+def test_the_shipped_profiles_load(tmp_path: Path) -> None:
+    shipped = Path(__file__).resolve().parents[2] / "agents" / "profiles" / "default.json"
+    assert load(shipped).startswith(f"{len(json.loads(shipped.read_text()))} profiles created")
+    assistant = AgentProfile.objects.get(name="assistant")
+    assert assistant.candidates == ["gpt-4.1-mini", "gpt-4.1-nano"]
