@@ -1,6 +1,7 @@
 """The scripted provider on its own: a pure function of the conversation."""
 
 import json
+from typing import Any
 
 import pytest
 
@@ -8,7 +9,7 @@ from agents import scripted
 from agents.providers import ProviderError, ScriptedProvider
 
 
-def steering(**attrs: str) -> dict[str, str]:
+def steering(**attrs: str) -> dict[str, Any]:
     return {"role": "user", "content": scripted.header(**attrs) + "\n" + json.dumps({"n": 1})}
 
 
