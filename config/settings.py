@@ -127,6 +127,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]  # the dashboard's CSS and script (config/urls.py serves them)
 
 # Redis: the embedded server started by `make run` unless REDIS_URL points elsewhere.
 EMBEDDED_REDIS_PORT = int(os.environ.get("AGORA_REDIS_PORT", "6390"))

@@ -1,0 +1,321 @@
+"""The dashboard: server-rendered pages, and the small fragments its script re-fetches live.
+
+Each view parses its input, fetches through a query scoped to the signed-in person (an outsider
+gets 404 for everything under a saga), calls an action, and renders. Live parts are the same
+templates the page includes, so the page reads the same with or without JavaScript.
+"""
+
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from accounts.models import User
+from sagas import actions, dashboard, errors
+from sagas.access import collaborator_for, may_manage
+from sagas.models import Collaborator, Saga
+
+FormErrors = dict[str, list[str]]
+RUNTIMES = [
+    (Collaborator.Runtime.INTERNAL, "Internal: Agora runs it"),
+    (Collaborator.Runtime.EXTERNAL, "External: it calls the API"),
+]
+
+
+def visible_saga(request: HttpRequest, saga_id: UUID) -> Saga:
+    """The saga if the signed-in person may see it; 404 otherwise, whether absent or forbidden."""
+    return get_object_or_404(Saga.objects.visible_to(request.user).select_related("owner"), pk=saga_id)
+
+
+def form_errors(exc: errors.KernelError, *, default: str = "form") -> FormErrors:
+    """A kernel error as errors per form field (InvalidPayload names its fields)."""
+    per_field = exc.extra.get("errors")
+    if isinstance(per_field, dict) and per_field:
+        return {str(k): [str(m) for m in v] if isinstance(v, list) else [str(v)] for k, v in per_field.items()}
+    return {default: [exc.detail]}
+
+
+def saga_url(saga: Saga, anchor: str = "") -> str:
+    return reverse("sagas:detail", args=[saga.pk]) + (f"#{anchor}" if anchor else "")
+
+
+# --- the list ----------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def saga_list(request: HttpRequest) -> HttpResponse:
+    return render_list(request)
+
+
+def render_list(
+    request: HttpRequest, *, values: dict[str, str] | None = None, errors_: FormErrors | None = None, status: int = 200
+) -> HttpResponse:
+    context = {
+        "sagas": dashboard.sagas_for(request.user),
+        "waiting": dashboard.pending_forms_for(request.user),
+        "policies": Saga.Policy.choices,
+        "values": values or {"policy": Saga.Policy.TREE},
+        "errors": errors_ or {},
+    }
+    return render(request, "sagas/saga_list.html", context, status=status)
+
+
+@login_required
+@require_POST
+def saga_create(request: HttpRequest) -> HttpResponse:
+    values = {k: request.POST.get(k, "").strip() for k in ("title", "goal", "policy")}
+    assert isinstance(request.user, User)
+    try:
+        saga = actions.create_saga(
+            title=values["title"], goal=values["goal"], policy=values["policy"], owner=request.user
+        )
+    except errors.InvalidPayload as exc:
+        return render_list(request, values=values, errors_=form_errors(exc), status=400)
+    messages.success(request, f"Saga “{saga.title}” created. Add agents and people to get it going.")
+    return redirect(saga_url(saga))
+
+
+# --- the saga page -----------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def saga_detail(request: HttpRequest, saga_id: UUID) -> HttpResponse:
+    saga = visible_saga(request, saga_id)
+    raw = request.GET.get("before", "")
+    before = int(raw) if raw.isdigit() else None
+    return render_saga(request, saga, before=before)
+
+
+def render_saga(
+    request: HttpRequest,
+    saga: Saga,
+    *,
+    before: int | None = None,
+    bound: dashboard.Submitted | None = None,
+    forms: dict[str, Any] | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    """The whole page; `bound` and `forms` carry a rejected submission back to its form."""
+    events, has_older = dashboard.events_page(saga, before=before)
+    can_manage = may_manage(request.user, saga)
+    context: dict[str, Any] = {
+        "saga": saga,
+        "me": collaborator_for(request.user, saga),
+        "can_manage": can_manage,
+        "events": events,
+        "has_older": has_older,
+        "oldest_seq": min((e.seq for e in events), default=0),
+        "last_seq": dashboard.latest_seq(events),
+        "live": before is None,
+        "event_count": saga.journal_events.count(),
+        "runtimes": RUNTIMES,
+        "forms": forms or {},
+    }
+    for part in PARTS.values():
+        context.update(part(request, saga))
+    context["inbox"], context["answered"] = dashboard.inbox_for(saga, request.user, bound=bound)
+    return render(request, "sagas/saga_detail.html", context, status=status)
+
+
+def team_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
+    team = dashboard.team(saga, request.user)
+    return {"team": team, "roster": team.roster()}
+
+
+def requests_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
+    open_requests, done_requests = dashboard.request_board(saga, request.user)
+    return {
+        "open_requests": open_requests,
+        "done_requests": done_requests,
+        "can_manage": may_manage(request.user, saga),
+    }
+
+
+def inbox_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
+    inbox, answered = dashboard.inbox_for(saga, request.user)
+    return {"saga": saga, "inbox": inbox, "answered": answered}
+
+
+def workers_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
+    return {"workers": dashboard.workers(saga)}
+
+
+def stats_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
+    return {**team_part(request, saga), **requests_part(request, saga), "event_count": saga.journal_events.count()}
+
+
+# Each live part: the context it needs, and its template (also included by the page).
+PARTS: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
+    "team": team_part,
+    "requests": requests_part,
+    "workers": workers_part,
+}
+PART_TEMPLATES = {
+    "team": "sagas/parts/team.html",
+    "roster": "sagas/parts/roster.html",
+    "stats": "sagas/parts/stats.html",
+    "requests": "sagas/parts/requests.html",
+    "workers": "sagas/parts/workers.html",
+    "inbox": "sagas/parts/inbox.html",
+}
+PART_CONTEXT: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
+    "team": team_part,
+    "roster": team_part,
+    "stats": stats_part,
+    "requests": requests_part,
+    "workers": workers_part,
+    "inbox": inbox_part,
+}
+
+
+@login_required
+@require_GET
+def saga_part(request: HttpRequest, saga_id: UUID, part: str) -> HttpResponse:
+    """One live part of the page, re-fetched by the page's script when a journal event arrives."""
+    saga = visible_saga(request, saga_id)
+    if part not in PART_TEMPLATES:
+        raise Http404(f"No part {part}.")
+    context = {"saga": saga, **PART_CONTEXT[part](request, saga)}
+    return render(request, PART_TEMPLATES[part], context)
+
+
+@login_required
+@require_GET
+def journal_rows(request: HttpRequest, saga_id: UUID) -> HttpResponse:
+    """Timeline rows: `?after=N` (newer, oldest first, for the live view) or `?before=N` (older,
+    newest first, for "load older"). Headers say where the next page starts."""
+    saga = visible_saga(request, saga_id)
+    after, before = request.GET.get("after", ""), request.GET.get("before", "")
+    if after.isdigit():
+        events, more = dashboard.events_after(saga, int(after))
+    elif before.isdigit():
+        events, more = dashboard.events_page(saga, before=int(before))
+    else:
+        return HttpResponse("Give after=N or before=N.", status=400, content_type="text/plain")
+    response = render(request, "sagas/parts/journal_rows.html", {"saga": saga, "events": events})
+    response["X-More"] = "1" if more else "0"
+    return response
+
+
+# --- writes ------------------------------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def answer_form(request: HttpRequest, saga_id: UUID, human_request_id: str) -> HttpResponse:
+    """Answer a form addressed to the signed-in person; the kernel validates it against its schema."""
+    saga = visible_saga(request, saga_id)
+    human_request = dashboard.pending_form_for(saga, request.user, human_request_id)
+    if human_request is None:
+        raise Http404("No such form for you.")
+    answer = dashboard.answer_from_post(human_request, request.POST)
+    assert isinstance(request.user, User)
+    try:
+        actions.answer_human_request(human_request_id=human_request.pk, answer=answer, by=request.user)
+    except errors.InvalidPayload as exc:
+        bound = {human_request.pk: (answer, form_errors(exc))}
+        return render_saga(request, saga, bound=bound, status=400)
+    except errors.AlreadyAnswered:
+        messages.info(request, f"“{human_request.title}” was already answered.")
+        return redirect(saga_url(saga, "inbox"))
+    messages.success(request, f"Answer sent to {human_request.asker.handle}.")
+    return redirect(saga_url(saga, "inbox"))
+
+
+@login_required
+@require_POST
+def steer_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
+    """A manager's message to an agent, delivered at its next turn boundary."""
+    saga = visible_saga(request, saga_id)
+    values = {k: request.POST.get(k, "").strip() for k in ("to", "message")}
+    target = actions.find_collaborator(saga, values["to"])
+    problems: FormErrors = {}
+    if target is None or not target.is_agent:
+        problems["to"] = ["Choose an agent of this saga."]
+    if not values["message"]:
+        problems["message"] = ["Write a message."]
+    if not problems and target is not None:
+        assert isinstance(request.user, User)
+        try:
+            actions.steer(saga=saga, to=target, message=values["message"], by=request.user)
+        except errors.Forbidden as exc:
+            raise PermissionDenied(exc.detail) from exc
+        except errors.KernelError as exc:
+            problems = form_errors(exc, default="message")
+        else:
+            messages.success(request, f"Message queued for {target.handle}; it reads it at its next turn.")
+            return redirect(saga_url(saga, "steer"))
+    return render_saga(request, saga, forms={"steer": {"values": values, "errors": problems}}, status=400)
+
+
+@login_required
+@require_POST
+def add_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
+    """Add an agent: internal (Agora runs it, by profile) or external (it gets a token, shown once)."""
+    saga = visible_saga(request, saga_id)
+    if not may_manage(request.user, saga):
+        raise PermissionDenied("Only managers of the saga add collaborators.")
+    fields = ("name", "role", "task", "runtime", "profile", "parent")
+    values = {k: request.POST.get(k, "").strip() for k in fields}
+    assert isinstance(request.user, User)
+    try:
+        collaborator, token = actions.add_agent(
+            saga=saga, name=values["name"], role=values["role"], task=values["task"], runtime=values["runtime"],
+            profile=values["profile"], parent=values["parent"] or None, by=request.user,
+        )  # fmt: skip
+    except errors.Forbidden as exc:
+        raise PermissionDenied(exc.detail) from exc
+    except errors.NameTaken as exc:
+        return render_saga(
+            request, saga, forms={"agent": {"values": values, "errors": {"name": [exc.detail]}}}, status=400
+        )
+    except errors.NotFound as exc:
+        return render_saga(
+            request, saga, forms={"agent": {"values": values, "errors": {"parent": [exc.detail]}}}, status=400
+        )
+    except errors.InvalidPayload as exc:
+        return render_saga(request, saga, forms={"agent": {"values": values, "errors": form_errors(exc)}}, status=400)
+    if token is None:
+        messages.success(request, f"{collaborator.handle} joined; its first turn is queued.")
+        return redirect(saga_url(saga, "team"))
+    # The token is shown in this response only: it never goes through a cookie or the session.
+    return render_saga(request, saga, forms={"token": {"handle": collaborator.handle, "token": token}}, status=201)
+
+
+@login_required
+@require_POST
+def add_person(request: HttpRequest, saga_id: UUID) -> HttpResponse:
+    """Add a person by username, with a role: they see the saga and answer forms addressed to them."""
+    saga = visible_saga(request, saga_id)
+    if not may_manage(request.user, saga):
+        raise PermissionDenied("Only managers of the saga add collaborators.")
+    values = {k: request.POST.get(k, "").strip() for k in ("username", "role", "task")}
+    person = User.objects.filter(username=values["username"], kind=User.Kind.HUMAN, is_active=True).first()
+    problems: FormErrors = {}
+    if person is None:
+        problems = {"username": [f"No person signs in as “{values['username']}”."]}
+    else:
+        assert isinstance(request.user, User)
+        try:
+            collaborator = actions.add_human(
+                saga=saga, user=person, role=values["role"], task=values["task"], by=request.user
+            )
+        except errors.Forbidden as exc:
+            raise PermissionDenied(exc.detail) from exc
+        except errors.NameTaken as exc:
+            problems = {"username": [exc.detail]}
+        except errors.InvalidPayload as exc:
+            problems = form_errors(exc)
+        else:
+            messages.success(request, f"{collaborator.handle} joined as {collaborator.role or 'a collaborator'}.")
+            return redirect(saga_url(saga, "team"))
+    return render_saga(request, saga, forms={"person": {"values": values, "errors": problems}}, status=400)

@@ -1,0 +1,351 @@
+"""The dashboard's pages through the Django test client: what each person sees, and what they may do."""
+
+import re
+from dataclasses import dataclass
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from accounts.models import User
+from journal.actions import record
+from sagas import actions
+from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga, SteeringItem
+
+pytestmark = pytest.mark.django_db
+
+FORM_FIELDS = [
+    {"name": "count", "label": "How many clients still call v1?", "type": "integer"},
+    {"name": "deadline", "label": "Cut-over date", "type": "date"},
+    {"name": "notify", "label": "Notify them?", "type": "boolean"},
+    {"name": "channel", "label": "Channel", "type": "choice", "choices": ["email", "slack"], "required": False},
+]
+
+
+@dataclass
+class Cast:
+    saga: Saga
+    lead: Collaborator
+    coder: Collaborator
+    request: AgentRequest
+    form: HumanRequest
+
+
+@pytest.fixture
+def cast(alice: User, bob: User) -> Cast:
+    """Alice's saga: agent:lead and its delegate agent:coder (external), bob as an analyst, one
+    request from lead to coder, and a form from coder waiting for alice."""
+    saga = actions.create_saga(title="Migrate the API", goal="Ship v2", owner=alice)
+    lead, _ = actions.add_agent(saga=saga, name="lead", role="Lead", task="Plan it", runtime="external", by=alice)
+    coder, _ = actions.add_agent(
+        saga=saga, name="coder", role="Coder", task="Write it", runtime="external", parent="agent:lead", by=alice
+    )
+    actions.add_human(saga=saga, user=bob, role="Analyst", task="Requirements", by=alice)
+    request, _ = actions.ask_agent(sender=lead, to="agent:coder", type="code.plan", payload={"scope": "billing"})
+    form, _ = actions.ask_human(asker=coder, title="Usage of v1", fields=FORM_FIELDS)
+    return Cast(saga=saga, lead=lead, coder=coder, request=request, form=form)
+
+
+def client_for(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def page_url(saga: Saga) -> str:
+    return reverse("sagas:detail", args=[saga.pk])
+
+
+def seqs(html: str) -> list[int]:
+    return [int(s) for s in re.findall(r'data-seq="(\d+)"', html)]
+
+
+def field_block(html: str, name: str) -> str:
+    """The markup of one answer-form field, up to the next field."""
+    match = re.search(rf'data-field="{name}">(.*?)(?=data-field=|</form>)', html, re.S)
+    assert match, f"no field {name}"
+    return match.group(1)
+
+
+# --- the list ----------------------------------------------------------------------------------
+
+
+def test_list_shows_only_the_sagas_each_person_may_see(cast: Cast, alice: User, bob: User, mallory: User) -> None:
+    elsewhere = actions.create_saga(title="Mallory's plot", owner=mallory)
+
+    as_alice = client_for(alice).get("/").content.decode()
+    assert "Migrate the API" in as_alice
+    assert "Mallory&#x27;s plot" not in as_alice and str(elsewhere.pk) not in as_alice
+    assert "Usage of v1" in as_alice  # waiting for her, with a link to the inbox
+
+    as_bob = client_for(bob).get("/").content.decode()
+    assert "Migrate the API" in as_bob  # he joined as an analyst
+    assert "Usage of v1" not in as_bob  # that form is alice's
+
+    as_mallory = client_for(mallory).get("/").content.decode()
+    assert str(elsewhere.pk) in as_mallory
+    assert str(cast.saga.pk) not in as_mallory
+
+
+def test_signed_out_visitors_are_sent_to_sign_in(cast: Cast) -> None:
+    response = Client().get(page_url(cast.saga))
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/")
+    assert Client().get("/accounts/login/").status_code == 200
+
+
+def test_creating_a_saga(alice: User) -> None:
+    client = client_for(alice)
+    rejected = client.post(reverse("sagas:create"), {"title": "  ", "policy": "tree"})
+    assert rejected.status_code == 400
+    assert "This field may not be blank." in rejected.content.decode()
+
+    response = client.post(reverse("sagas:create"), {"title": "Audit logs", "goal": "Find gaps", "policy": "hub"})
+    saga = Saga.objects.get(title="Audit logs")
+    assert response.status_code == 302 and response["Location"] == page_url(saga)
+    assert (saga.owner, saga.policy, saga.goal) == (alice, "hub", "Find gaps")
+    assert Collaborator.objects.filter(saga=saga, user=alice, role="Owner").exists()
+
+
+# --- the saga page -----------------------------------------------------------------------------
+
+
+def test_saga_page_shows_tree_journal_requests_and_inbox(cast: Cast, alice: User) -> None:
+    response = client_for(alice).get(page_url(cast.saga))
+    assert response.status_code == 200
+    html = response.content.decode()
+
+    # the tree: owner first, then lead, with coder nested under it; kinds, roles, statuses, run ids
+    order = [html.index(f'data-handle="{h}"') for h in ("human:alice", "agent:lead", "agent:coder")]
+    assert order == sorted(order)
+    assert re.search(r'data-handle="agent:coder" data-status="idle"', html)
+    assert "--depth: 2" in html  # coder sits two levels below alice
+    assert cast.coder.run.pk in html and cast.lead.run.pk in html
+    assert "Analyst" in html and "Coder" in html
+
+    # the journal, rendered server-side, newest first, every event once
+    events = cast.saga.journal_events.count()
+    assert seqs(html) == list(range(events, 0, -1))
+    assert "asked agent:coder · code.plan · async" in html
+
+    # the requests table
+    assert f'data-request="{cast.request.pk}" data-status="pending"' in html
+    assert "code.plan" in html
+
+    # the inbox: the form, rendered from its schema
+    assert f'data-form-id="{cast.form.pk}"' in html
+    assert 'name="count"' in html and 'type="date"' in html
+    assert 'name="notify" value="true"' in html and 'name="channel" value="slack"' in html
+    assert reverse("sagas:answer", args=[cast.saga.pk, cast.form.pk]) in html
+
+    # manager tools
+    assert 'id="steer-form"' in html and 'id="add-agent-form"' in html
+    assert reverse("journal-export", args=[cast.saga.pk]) in html
+
+
+def test_a_collaborator_who_is_not_a_manager_sees_the_saga_but_not_the_tools(cast: Cast, bob: User) -> None:
+    html = client_for(bob).get(page_url(cast.saga)).content.decode()
+    assert 'data-handle="human:bob"' in html and 'data-handle="agent:coder"' in html
+    assert f'data-form-id="{cast.form.pk}"' not in html  # addressed to alice
+    assert f'data-request="{cast.request.pk}"' not in html  # requests are for their parties and managers
+    assert 'id="steer-form"' not in html and 'id="add-agent-form"' not in html
+    assert reverse("journal-export", args=[cast.saga.pk]) not in html
+
+
+def test_an_outsider_gets_404_for_everything_under_the_saga(cast: Cast, mallory: User) -> None:
+    client = client_for(mallory)
+    saga_id = cast.saga.pk
+    gets = [
+        page_url(cast.saga),
+        reverse("sagas:journal", args=[saga_id]) + "?after=0",
+        reverse("journal-export", args=[saga_id]),
+        *(reverse("sagas:part", args=[saga_id, part]) for part in ("team", "requests", "inbox", "workers", "stats")),
+    ]
+    for url in gets:
+        response = client.get(url)
+        assert response.status_code == 404, url
+        assert b"Migrate the API" not in response.content
+    posts = {
+        reverse("sagas:answer", args=[saga_id, cast.form.pk]): {"count": "3"},
+        reverse("sagas:steer", args=[saga_id]): {"to": "agent:coder", "message": "psst"},
+        reverse("sagas:add-agent", args=[saga_id]): {"name": "mole", "runtime": "external"},
+        reverse("sagas:add-person", args=[saga_id]): {"username": "mallory"},
+    }
+    for url, data in posts.items():
+        assert client.post(url, data).status_code == 404, url
+    assert not SteeringItem.objects.filter(payload="psst").exists()
+    assert not Collaborator.objects.filter(saga=cast.saga, name__in=["mole", "mallory"]).exists()
+    assert HumanRequest.objects.get(pk=cast.form.pk).status == "pending"
+
+
+def test_live_parts_and_journal_pages(cast: Cast, alice: User) -> None:
+    client = client_for(alice)
+    saga_id = cast.saga.pk
+    for _ in range(60):
+        record(saga_id=saga_id, type="note", actor="agent:lead", data={"text": "thinking"})
+    total = cast.saga.journal_events.count()
+
+    html = client.get(page_url(cast.saga)).content.decode()
+    assert seqs(html) == list(range(total, total - 50, -1))  # the newest page
+    assert f'href="?before={total - 49}#journal"' in html  # "load older", which works without JS
+
+    older = client.get(page_url(cast.saga), {"before": total - 49}).content.decode()
+    assert seqs(older) == list(range(total - 50, 0, -1))
+    assert 'data-live="0"' in older  # an older window does not stream
+
+    rows = client.get(reverse("sagas:journal", args=[saga_id]), {"after": total - 3})
+    assert seqs(rows.content.decode()) == [total - 2, total - 1, total] and rows["X-More"] == "0"
+    rows = client.get(reverse("sagas:journal", args=[saga_id]), {"before": total - 49})
+    assert seqs(rows.content.decode())[0] == total - 50
+    assert client.get(reverse("sagas:journal", args=[saga_id])).status_code == 400
+
+    team = client.get(reverse("sagas:part", args=[saga_id, "team"])).content.decode()
+    assert 'data-handle="agent:coder"' in team and "<html" not in team
+    inbox = client.get(reverse("sagas:part", args=[saga_id, "inbox"])).content.decode()
+    assert f'data-form-id="{cast.form.pk}"' in inbox and "csrfmiddlewaretoken" in inbox
+    requests = client.get(reverse("sagas:part", args=[saga_id, "requests"])).content.decode()
+    assert f'data-request="{cast.request.pk}"' in requests
+    roster = client.get(reverse("sagas:part", args=[saga_id, "roster"])).content.decode()
+    assert re.search(r'data-roster="idle">.*data-handle="agent:lead"', roster, re.S)
+    assert client.get(reverse("sagas:part", args=[saga_id, "nope"])).status_code == 404
+
+
+def test_worker_progress_from_runtime_events(cast: Cast, alice: User) -> None:
+    run_id = cast.lead.run.pk
+    record(saga_id=cast.saga.pk, type="worker_start", actor="agent:lead", run_id=run_id,
+           data={"role": "Lead", "task": "Plan it"})  # fmt: skip
+    record(saga_id=cast.saga.pk, type="llm_call", actor="agent:lead", run_id=run_id,
+           data={"model": "gpt-4.1-mini", "prompt_tokens": 100, "completion_tokens": 20, "tool_calls": []})  # fmt: skip
+    html = client_for(alice).get(reverse("sagas:part", args=[cast.saga.pk, "workers"])).content.decode()
+    assert 'data-status="running"' in html and "1 model call" in html and "120 tokens" in html
+
+    record(saga_id=cast.saga.pk, type="worker_end", actor="agent:lead", run_id=run_id,
+           data={"status": "completed", "result": "planned", "error": ""})  # fmt: skip
+    html = client_for(alice).get(reverse("sagas:part", args=[cast.saga.pk, "workers"])).content.decode()
+    assert 'data-status="completed"' in html and "planned" in html and 'data-status="running"' not in html
+
+
+# --- answering forms ---------------------------------------------------------------------------
+
+
+def test_answer_form_shows_field_errors_then_accepts_once(cast: Cast, alice: User) -> None:
+    client = client_for(alice)
+    url = reverse("sagas:answer", args=[cast.saga.pk, cast.form.pk])
+
+    rejected = client.post(url, {"count": "a dozen", "deadline": "2026-02-30"})
+    assert rejected.status_code == 400
+    html = rejected.content.decode()
+    assert "Enter a whole number." in field_block(html, "count")
+    assert 'value="a dozen"' in field_block(html, "count")  # what she typed stays
+    assert "Enter a date as YYYY-MM-DD." in field_block(html, "deadline")
+    assert "This field is required." in field_block(html, "notify")
+    assert "field-error" not in field_block(html, "channel")  # optional, left empty
+    assert HumanRequest.objects.get(pk=cast.form.pk).status == "pending"
+
+    accepted = client.post(url, {"count": "12", "deadline": "2026-03-01", "notify": "true", "channel": "slack"})
+    assert accepted.status_code == 302
+    answer = {"count": 12, "deadline": "2026-03-01", "notify": True, "channel": "slack"}
+    assert HumanRequest.objects.get(pk=cast.form.pk).answer == answer
+    item = SteeringItem.objects.get(recipient=cast.coder, kind=SteeringItem.Kind.HUMAN_RESPONSE)
+    assert item.payload == answer and item.sender == "human:alice"
+
+    page = client.get(accepted["Location"]).content.decode()
+    assert "Answer sent to agent:coder." in page
+    assert f'data-form-id="{cast.form.pk}"' not in page and f'data-answered="{cast.form.pk}"' in page
+
+    again = client.post(url, {"count": "13", "deadline": "2026-03-02", "notify": "false"}, follow=True)
+    assert "was already answered" in again.content.decode()
+    assert HumanRequest.objects.get(pk=cast.form.pk).answer == answer
+
+
+def test_only_the_addressee_answers_a_form(cast: Cast, bob: User) -> None:
+    url = reverse("sagas:answer", args=[cast.saga.pk, cast.form.pk])
+    assert client_for(bob).post(url, {"count": "1", "deadline": "2026-03-01", "notify": "true"}).status_code == 404
+    assert HumanRequest.objects.get(pk=cast.form.pk).status == "pending"
+
+
+# --- steering and managing ---------------------------------------------------------------------
+
+
+def test_steering_posts_a_message_to_the_agent(cast: Cast, alice: User, bob: User) -> None:
+    url = reverse("sagas:steer", args=[cast.saga.pk])
+    response = client_for(alice).post(url, {"to": "agent:coder", "message": "Start with /invoices."})
+    assert response.status_code == 302
+    item = SteeringItem.objects.get(recipient=cast.coder, kind=SteeringItem.Kind.MESSAGE)
+    assert (item.payload, item.sender) == ("Start with /invoices.", "human:alice")
+    assert cast.saga.journal_events.filter(type="steering.message", data__to="agent:coder").exists()
+
+    empty = client_for(alice).post(url, {"to": "agent:coder", "message": "  "})
+    assert empty.status_code == 400 and "Write a message." in empty.content.decode()
+    to_person = client_for(alice).post(url, {"to": "human:bob", "message": "hi"})
+    assert to_person.status_code == 400 and "Choose an agent of this saga." in to_person.content.decode()
+
+    assert client_for(bob).post(url, {"to": "agent:coder", "message": "Ignore alice."}).status_code == 403
+    assert SteeringItem.objects.filter(recipient=cast.coder, kind=SteeringItem.Kind.MESSAGE).count() == 1
+
+
+def test_adding_collaborators_needs_the_manage_permission(cast: Cast, alice: User, bob: User, mallory: User) -> None:
+    add_agent = reverse("sagas:add-agent", args=[cast.saga.pk])
+    add_person = reverse("sagas:add-person", args=[cast.saga.pk])
+    as_alice, as_bob = client_for(alice), client_for(bob)
+
+    external = as_alice.post(
+        add_agent, {"name": "scout", "role": "Scout", "runtime": "external", "parent": "agent:lead"}
+    )
+    assert external.status_code == 201
+    assert re.search(r"<code>agt_[\w-]+</code>", external.content.decode())  # its token, shown this once
+    scout = Collaborator.objects.get(saga=cast.saga, name="scout")
+    assert scout.delegation.delegator == cast.lead
+
+    internal = as_alice.post(add_agent, {"name": "writer", "runtime": "internal", "profile": "coder"})
+    assert internal.status_code == 302
+    assert Collaborator.objects.get(saga=cast.saga, name="writer").profile == "coder"
+
+    no_profile = as_alice.post(add_agent, {"name": "ghost", "runtime": "internal"})
+    assert no_profile.status_code == 400 and "Required." in no_profile.content.decode()
+    taken = as_alice.post(add_agent, {"name": "scout", "runtime": "external"})
+    assert taken.status_code == 400 and "already in this saga" in taken.content.decode()
+
+    assert as_bob.post(add_agent, {"name": "sneaky", "runtime": "external"}).status_code == 403
+    assert as_bob.post(add_person, {"username": "mallory"}).status_code == 403
+    assert not Collaborator.objects.filter(saga=cast.saga, name__in=["sneaky", "mallory"]).exists()
+
+    unknown = as_alice.post(add_person, {"username": "nobody"})
+    assert unknown.status_code == 400 and "No person signs in as" in unknown.content.decode()
+    assert as_alice.post(add_person, {"username": "mallory", "role": "Reviewer"}).status_code == 302
+    assert client_for(mallory).get(page_url(cast.saga)).status_code == 200  # now she is in
+
+
+# --- the admin ---------------------------------------------------------------------------------
+
+
+def test_admin_pages_render_and_link_to_the_saga(cast: Cast, alice: User) -> None:
+    actions.answer_human_request(
+        human_request_id=cast.form.pk, answer={"count": 1, "deadline": "2026-03-01", "notify": False}, by=alice
+    )
+    admin_user = User.objects.create_superuser(username="root", password="root-password")
+    client = client_for(admin_user)
+    journal_link = f"/admin/journal/journalevent/?saga__id__exact={cast.saga.pk}"
+    objects = {
+        "saga": cast.saga,
+        "collaborator": cast.coder,
+        "delegation": cast.coder.delegation,
+        "run": cast.coder.run,
+        "agentrequest": cast.request,
+        "steeringitem": SteeringItem.objects.filter(recipient=cast.coder).first(),
+        "humanrequest": cast.form,
+    }
+    for model, obj in objects.items():
+        assert obj is not None
+        changelist = client.get(f"/admin/sagas/{model}/")
+        assert changelist.status_code == 200, model
+        change = client.get(f"/admin/sagas/{model}/{obj.pk}/change/")
+        assert change.status_code == 200, model
+        body = changelist.content.decode() + change.content.decode()
+        assert journal_link in body, model
+        assert 'name="_save"' not in change.content.decode(), f"{model} must be read-only"
+    assert client.get(journal_link).status_code == 200
+    assert client.get("/admin/sagas/steeringitem/?kind__exact=human_response").status_code == 200
+    assert client.get("/admin/sagas/agentrequest/?q=code.plan").status_code == 200
+    assert client.post(f"/admin/sagas/humanrequest/{cast.form.pk}/change/", {"title": "x"}).status_code == 403
+    assert HumanRequest.objects.get(pk=cast.form.pk).title == "Usage of v1"
