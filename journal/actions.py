@@ -1,11 +1,13 @@
 """The journal's only writer."""
 
+import asyncio
 import logging
+import os
+import threading
 from functools import partial
 from typing import Any
 from uuid import UUID
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection, transaction
 from redis.exceptions import RedisError
@@ -45,12 +47,40 @@ def record(
     return event
 
 
+PUBLISH_TIMEOUT_S = 5.0
+_loop_lock = threading.Lock()
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+
+
+def publishing_loop() -> asyncio.AbstractEventLoop:
+    """This process's event loop for publishing, on a daemon thread.
+
+    One loop for the process's lifetime, so the channel layer keeps its Redis connections: the
+    layer pools connections per event loop, and `async_to_sync` would start a thread, a loop and a
+    new connection for every event (a few milliseconds each, several times per turn). Made anew in
+    a forked child (a Celery pool process), where the parent's thread does not exist.
+    """
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="journal-publish", daemon=True).start()
+            _loop = (os.getpid(), loop)
+        return _loop[1]
+
+
 def publish(saga_id: UUID | str, event: dict[str, Any]) -> None:
-    """Ring the saga's live listeners. At most once: a listener that misses it re-reads the database."""
+    """Ring the saga's live listeners. At most once: a listener that misses it re-reads the database.
+
+    Waits for the send, so one process's events leave in commit order.
+    """
     layer = get_channel_layer()
     if layer is None:
         return
+    message = {"type": "journal.event", "event": event}
+    future = asyncio.run_coroutine_threadsafe(layer.group_send(group_name(saga_id), message), publishing_loop())
     try:
-        async_to_sync(layer.group_send)(group_name(saga_id), {"type": "journal.event", "event": event})
-    except (OSError, RedisError) as exc:
+        future.result(timeout=PUBLISH_TIMEOUT_S)
+    except (OSError, RedisError) as exc:  # TimeoutError is an OSError
+        future.cancel()
         logger.warning("journal publish for saga %s seq %s failed: %s", saga_id, event["seq"], exc)
