@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import kombu.pools
 import pytest
 from channels.layers import channel_layers
 from django.conf import LazySettings
@@ -53,12 +54,13 @@ def redis_url(redis_server: tuple[str, int], settings: LazySettings) -> Iterator
 
 def use_broker(url: str) -> None:
     # Celery builds its connection and producer pools lazily from broker_url; drop them so the
-    # next send connects to this test's database.
+    # next send connects to this test's database. The pools live in kombu's registries keyed by
+    # URL, so clear those too: a closed pool left there is handed back ("Acquire on closed pool")
+    # when a later test gets the same database number, as it does on a 16-database REDIS_URL.
     app: Any = celery_app
     app.conf.broker_url = url
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
+    kombu.pools.reset()
+    app._pool = None
     app.amqp._producer_pool = None
 
 
