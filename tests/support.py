@@ -175,7 +175,11 @@ class CeleryWorker:
             start_new_session=True,
         )
         log.close()
-        wait_until(self.answers_ping, timeout=60, interval=0.2, what=f"celery worker {self.name}")
+        try:
+            wait_until(self.answers_ping, timeout=60, interval=0.2, what=f"celery worker {self.name}")
+        except BaseException:
+            self.stop()  # the fixture never gets to: an orphaned worker would eat later tests' messages
+            raise
 
     def answers_ping(self) -> bool:
         assert self.proc is not None
@@ -218,7 +222,11 @@ class WebServer:
             start_new_session=True,
         )
         log.close()
-        wait_until(self.answers, timeout=60, interval=0.1, what="daphne to answer")
+        try:
+            wait_until(self.answers, timeout=60, interval=0.1, what="daphne to answer")
+        except BaseException:
+            self.stop()
+            raise
 
     def answers(self) -> bool:
         if self.proc.poll() is not None:
