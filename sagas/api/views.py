@@ -232,7 +232,9 @@ def reply_check(request_id: str) -> Done | float:
 
     The wait lasts until the request's `wait_deadline`, the waits-for edge in the database; when
     that passes (or the reconciler already ended it), the edge is removed and the caller gets
-    `timed_out`, while the request itself stays open for a later reply through steering.
+    `timed_out`, while the request itself stays open for a later reply through steering. A caller
+    that hangs up leaves the edge in place until that deadline: it asked to wait that long, and a
+    retry with the same Idempotency-Key resumes the same wait.
     """
     request = AgentRequest.objects.select_related("recipient").get(pk=request_id)
     if not request.is_open:

@@ -19,7 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connections
+from django.db import connections
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from redis.exceptions import RedisError
@@ -58,10 +58,15 @@ class WaitingResponse(Response):
 
 
 def release_connections() -> None:
-    """Close this thread's database connections (as at the end of a request) unless a transaction
-    is open on them, which only happens under the test client."""
-    if not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
-        close_old_connections()
+    """Close this thread's database connections, so that a waiting call holds none.
+
+    A connection inside a transaction is left alone: that only happens under the test client,
+    whose test case wraps everything in one. (Under ASGI each request's sync code runs in a thread
+    of its own, so a connection kept open here would not be reused by anyone anyway.)
+    """
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close()
 
 
 def checked(check: Check) -> Done | float:

@@ -5,6 +5,7 @@ long as they do not wait); waits and races run against a real daphne process (`w
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -309,3 +310,22 @@ def test_a_body_over_the_server_limit_is_413_over_http(web_server: WebServer, te
     tester.post(f"/api/v1/sagas/{team.saga.pk}/requests/", raw=raw).problem(413, "payload_too_large")
     tester.post(f"/api/v1/sagas/{team.saga.pk}/requests/", raw=b"{not json").problem(400, "invalid_payload")
     assert not AgentRequest.objects.exists()
+
+
+def test_a_caller_that_hangs_up_resumes_the_same_wait_with_its_key(web_server: WebServer, team: Team) -> None:
+    token = issue_token(user=team.user("tester"))
+    impatient, tester = Http(web_server.url, token, timeout=1), Http(web_server.url, token)
+    path = f"/api/v1/sagas/{team.saga.pk}/requests/"
+    body = {"to": "agent:coder", "type": "slow", "payload": {}, "mode": "wait", "timeout_s": 4}
+    with pytest.raises(TimeoutError):
+        impatient.post(path, body, headers={"Idempotency-Key": "hang-up"})
+    request = AgentRequest.objects.get(sender=team["tester"])
+    assert request.wait_deadline is not None  # the hang-up did not end the wait
+
+    retried = tester.post(path, body, headers={"Idempotency-Key": "hang-up"})
+    # The retry waited out the first call's deadline, neither returning at once nor starting anew.
+    assert time.time() >= request.wait_deadline.timestamp() - 0.05
+    assert retried.ok(202) == {"request_id": request.pk, "status": "pending", "timed_out": True}
+    request.refresh_from_db()
+    assert (request.status, request.wait_deadline) == ("pending", None)
+    assert AgentRequest.objects.filter(sender=team["tester"]).count() == 1
