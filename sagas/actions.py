@@ -793,11 +793,26 @@ def end_turn(*, run_id: str, turn: int, more: bool) -> str | None:
     if request is not None:
         request.refresh_from_db()
         if request.is_open and request.wait_deadline is not None:
-            mine.update(status=Run.Status.WAITING, wait_until=request.wait_deadline, lease_until=None)
+            if mine.update(status=Run.Status.WAITING, wait_until=request.wait_deadline, lease_until=None):
+                record_rest(run, Run.Status.WAITING, turn=turn, request_id=request.pk)
             return Run.Status.WAITING
         more = True  # answered (or timed out) before the turn even ended
     unread = SteeringItem.objects.filter(recipient=run.collaborator, consumed_at__isnull=True).exists()
     status = Run.Status.QUEUED if more or unread else Run.Status.IDLE
-    if mine.update(status=status, lease_until=None, updated_at=timezone.now()) and status == Run.Status.QUEUED:
+    moved = mine.update(status=status, lease_until=None, updated_at=timezone.now())
+    if moved and status == Run.Status.QUEUED:
         ring_run_after_commit(run_id)
+    elif moved:
+        record_rest(run, status, turn=turn)
     return status
+
+
+def record_rest(run: Run, status: str, *, turn: int, request_id: str = "") -> None:
+    """Journal a run coming to rest (idle, or waiting on a request): the dashboard's roster and
+    tree learn of it from the journal. A run going straight on to its next turn is not recorded;
+    its next model call is."""
+    data: dict[str, Any] = {"turn": turn}
+    if request_id:
+        data["request_id"] = request_id
+    collaborator = run.collaborator
+    record(saga_id=collaborator.saga_id, type=f"run.{status}", actor=collaborator.handle, run_id=run.pk, data=data)
