@@ -332,7 +332,7 @@ def ask_agent(
     if payload is None:  # the column is NOT NULL: refuse here rather than fail the insert
         raise errors.InvalidPayload("A request needs a payload.", errors={"payload": ["This field is required."]})
     check_payload(payload)
-    wait_s = min(float(timeout_s or settings.AGORA_DEFAULT_WAIT_S), settings.AGORA_MAX_WAIT_S)
+    wait_s = min(float(settings.AGORA_DEFAULT_WAIT_S if timeout_s is None else timeout_s), settings.AGORA_MAX_WAIT_S)
     if wait_s <= 0:
         raise errors.InvalidPayload("Bad timeout.", errors={"timeout_s": ["Must be positive."]})
     digest = body_hash(to=to, type=type, payload=payload, mode=mode)
