@@ -301,7 +301,14 @@ def workers(saga: Saga, *, limit: int = 2000) -> list[Worker]:
             worker.ended_at = event.created_at
             worker.summary = short(data.get("summary") or data.get("result") or "")
             worker.error = short(data.get("error") or "")
-    return list(by_key.values())
+    found = list(by_key.values())
+    # A worker without its worker_end is as busy as its run: working, resting idle, or waiting.
+    open_runs = {w.run_id for w in found if w.ended_at is None and w.run_id}
+    statuses = dict(Run.objects.filter(pk__in=open_runs).values_list("pk", "status"))
+    for worker in found:
+        if worker.ended_at is None and statuses.get(worker.run_id) in (Run.Status.IDLE, Run.Status.WAITING):
+            worker.status = statuses[worker.run_id]
+    return found
 
 
 # --- the journal -------------------------------------------------------------------------------
@@ -356,6 +363,10 @@ def describe(event: JournalEvent) -> str:
         return f"{d.get('request_id')} {status}" + (f" ({d['from']} → {d['to']})" if d.get("from") else "")
     if kind.startswith("run."):
         text = f"run {kind.partition('.')[2]}"
+        if d.get("turn"):
+            text += f" after turn {d['turn']}"
+        if d.get("request_id"):
+            text += f" on {d['request_id']}"
         if d.get("error"):
             text += f": {short(d['error'], 120)}"
         return text
@@ -372,7 +383,7 @@ def describe(event: JournalEvent) -> str:
     if kind == "llm_call":
         tokens = int(d.get("prompt_tokens") or 0) + int(d.get("completion_tokens") or 0)
         tools = ", ".join(d.get("tool_calls") or [])
-        return f"called {d.get('model')} · {tokens} tokens" + (f" → {tools}" if tools else "")
+        return f"called {d.get('model')}" + (f" · {tokens} tokens" if tokens else "") + (f" → {tools}" if tools else "")
     if kind == "model_fallback":
         return f"{d.get('model')} failed ({d.get('error_class', 'error')}); trying the next model"
     return short(d, 140) if d else ""

@@ -24,8 +24,8 @@ from sagas.models import Collaborator, Saga
 
 FormErrors = dict[str, list[str]]
 RUNTIMES = [
-    (Collaborator.Runtime.INTERNAL, "Internal: Agora runs it"),
-    (Collaborator.Runtime.EXTERNAL, "External: it calls the API"),
+    (Collaborator.Runtime.INTERNAL, "Internal (Agora runs it)"),
+    (Collaborator.Runtime.EXTERNAL, "External (REST API)"),
 ]
 
 

@@ -32,8 +32,8 @@
   function partsFor(type) {
     if (type.startsWith("human_request.")) return ["inbox", "stats"];
     if (type.startsWith("request.")) return ["requests", "team", "roster", "stats"];
-    if (type.startsWith("worker_") || type === "llm_call" || type === "model_fallback") {
-      return ["workers", "team", "roster"];
+    if (type.startsWith("worker_") || type.startsWith("run.") || type === "llm_call" || type === "model_fallback") {
+      return ["workers", "team", "roster", "stats"];
     }
     if (type.startsWith("steering.")) return ["stats"];
     return ["team", "roster", "stats"];

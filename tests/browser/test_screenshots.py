@@ -116,7 +116,7 @@ def test_screenshots_of_the_saga_page_and_the_inbox(browse: Browse, alice: User,
     expect(page.locator("#part-workers [data-worker]")).to_have_count(4)
     expect(page.locator("#part-requests tr[data-request]")).to_have_count(3)
     page.evaluate("document.querySelectorAll('.is-new').forEach(e => e.classList.remove('is-new'))")
-    page.screenshot(path=str(artifacts / "saga-page.png"), full_page=True)
+    page.screenshot(path=str(artifacts / "saga-page.png"), full_page=True, animations="disabled")
 
     # the inbox, after a first try with a wrong value
     card = page.locator(f'[data-form-id="{form_id}"]')
@@ -127,7 +127,7 @@ def test_screenshots_of_the_saga_page_and_the_inbox(browse: Browse, alice: User,
     card = page.locator(f'[data-form-id="{form_id}"]')
     expect(card.locator('[data-field="clients"] .field-error')).to_have_text("Enter a whole number.")
     expect(card.locator('[data-field="notify"] .field-error')).to_have_text("This field is required.")
-    page.locator("#inbox").screenshot(path=str(artifacts / "inbox.png"))
+    page.locator("#inbox").screenshot(path=str(artifacts / "inbox.png"), animations="disabled")
 
     page.goto("/")
     expect(page.locator("#waiting")).to_contain_text("Approve the cut-over plan")

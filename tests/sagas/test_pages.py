@@ -212,6 +212,7 @@ def test_live_parts_and_journal_pages(cast: Cast, alice: User) -> None:
 
 def test_worker_progress_from_runtime_events(cast: Cast, alice: User) -> None:
     run_id = cast.lead.run.pk
+    actions.set_external_status(run_id=run_id, status="working", by=cast.lead.user)
     record(saga_id=cast.saga.pk, type="worker_start", actor="agent:lead", run_id=run_id,
            data={"role": "Lead", "task": "Plan it"})  # fmt: skip
     record(saga_id=cast.saga.pk, type="llm_call", actor="agent:lead", run_id=run_id,
@@ -223,6 +224,24 @@ def test_worker_progress_from_runtime_events(cast: Cast, alice: User) -> None:
            data={"status": "completed", "result": "planned", "error": ""})  # fmt: skip
     html = client_for(alice).get(reverse("sagas:part", args=[cast.saga.pk, "workers"])).content.decode()
     assert 'data-status="completed"' in html and "planned" in html and 'data-status="running"' not in html
+
+
+def test_a_run_coming_to_rest_is_journaled_and_shown(alice: User) -> None:
+    saga = actions.create_saga(title="Docs", owner=alice)
+    writer, _ = actions.add_agent(
+        saga=saga, name="writer", role="Writer", task="Docs", runtime="internal", profile="writer", by=alice
+    )
+    run = actions.claim_turn(run_id=writer.run.pk)
+    assert run is not None
+    record(saga_id=saga.pk, type="worker_start", actor="agent:writer", run_id=run.pk, data={"role": "Writer"})
+    actions.end_turn(run_id=run.pk, turn=run.turn, more=False)
+
+    rest = saga.journal_events.get(type="run.idle")
+    assert (rest.actor, rest.run_id, rest.data) == ("agent:writer", run.pk, {"turn": 1})
+    html = client_for(alice).get(page_url(saga)).content.decode()
+    assert re.search(r'data-roster="idle">.*data-handle="agent:writer"', html, re.S)
+    assert "run idle after turn 1" in html
+    assert re.search(r'data-worker="[^"]+" data-status="idle"', html)  # no worker_end yet: as its run
 
 
 # --- answering forms ---------------------------------------------------------------------------
