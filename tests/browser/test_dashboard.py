@@ -174,21 +174,22 @@ def test_a_steering_message_typed_in_the_page_reaches_the_agent(browse: Browse, 
 def test_after_the_socket_drops_no_event_is_missing_or_duplicated(
     browse: Browse, web_server: WebServer, alice: User, saga: Saga
 ) -> None:
-    page = browse.as_user(alice)
-    open_saga(page, saga)
-
     def note(i: int) -> int:
         with django_calls():
             return record(saga_id=saga.pk, type="note", actor="agent:probe", data={"i": i}).seq
 
-    for i in range(3):
+    before_open = [note(i) for i in range(60)]  # more than a page: the oldest come in by "load older"
+    page = browse.as_user(alice)
+    open_saga(page, saga)
+    expect(page.locator("#timeline li[data-seq]")).to_have_count(50)
+    for i in range(60, 63):
         last = note(i)
     expect(timeline_row(page, last)).to_be_visible()
 
     # the page's socket closes; events happen while it is down
     page.evaluate("agoraLive.drop({hold: true})")
     expect(page.locator("#live-status")).to_have_attribute("data-state", "offline")
-    for i in range(3, 8):
+    for i in range(63, 68):
         last = note(i)
     assert page.evaluate("agoraLive.state.socket") is None
     page.evaluate("agoraLive.release()")
@@ -197,16 +198,19 @@ def test_after_the_socket_drops_no_event_is_missing_or_duplicated(
     # the server itself goes away and comes back; events happen while it is down, and after
     stop_process(web_server.proc)
     expect(page.locator("#live-status")).to_have_attribute("data-state", "connecting")
-    for i in range(8, 11):
+    for i in range(68, 71):
         last = note(i)
     web_server.start()
     expect(page.locator("#live-status")).to_have_attribute("data-state", "live", timeout=30_000)
-    for i in range(11, 13):
+    for i in range(71, 73):
         last = note(i)
     expect(timeline_row(page, last)).to_be_visible()
 
+    page.locator("#load-older").click()  # the rest of the journal, below the live rows
+    expect(page.locator("#load-older")).to_have_count(0)
     with django_calls():
         total = saga.journal_events.count()
+    assert total == before_open[-1] + 13
     expect(page.locator("#timeline li[data-seq]")).to_have_count(total)
     shown = page.evaluate("agoraLive.seqs()")
     assert shown == list(range(total, 0, -1))  # each seq once, newest first, none missing
