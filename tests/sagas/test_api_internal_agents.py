@@ -19,11 +19,11 @@ def test_an_external_agent_waits_over_http_on_an_internal_agents_reply(
     load_profiles(entries=[{"name": "responder", "role": "Responder", "model": "scripted:responder",
                             "tools": ["reply", "finish"], "resumable": True}])  # fmt: skip
     saga = actions.create_saga(title="Mixed", goal="Both kinds of agent", owner=alice)
+    _, token = actions.add_agent(saga=saga, name="ext", role="Client", task="Ask", runtime="external", by=alice)
+    assert token is not None
     responder, _ = actions.add_agent(
         saga=saga, name="responder", role="Responder", task="Answer", runtime="internal", profile="responder", by=alice
     )
-    _, token = actions.add_agent(saga=saga, name="ext", role="Client", task="Ask", runtime="external", by=alice)
-    assert token is not None
     ext = Http(web_server.url, token)
     # The responder's first turn finds nothing to do and leaves it idle, waiting for steering.
     wait_until(
