@@ -6,6 +6,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import permissions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
 from accounts.actions import issue_token
@@ -22,17 +23,29 @@ class TokenOutput(serializers.Serializer):
     token = serializers.CharField(help_text="Send it as `Authorization: Token <token>`; it is shown this once.")
 
 
+class PasswordGuessThrottle(AnonRateThrottle):
+    """Slows password guessing, per client address (counted in the default cache)."""
+
+    scope = "auth_token"
+    rate = "30/min"
+
+
 class TokenCreateApi(APIView):
     """`POST /api/v1/auth/token/`: a person's username and password for a new API token."""
 
     authentication_classes: list[Any] = []  # credentials are the body; no session, so no CSRF either
     permission_classes = [permissions.AllowAny]
+    throttle_classes = [PasswordGuessThrottle]
     parser_classes = [LimitedJSONParser]
 
     @extend_schema(
         operation_id="auth_token_create",
         request=TokenCreateInput,
-        responses={200: TokenOutput, 400: OpenApiResponse(description="invalid_credentials or invalid_payload")},
+        responses={
+            200: TokenOutput,
+            400: OpenApiResponse(description="invalid_credentials or invalid_payload"),
+            429: OpenApiResponse(description="throttled: too many attempts; see Retry-After"),
+        },
         auth=[],
     )
     def post(self, request: Request) -> Response:

@@ -2,10 +2,12 @@
 document, through DRF's APIClient."""
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.cache import cache
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
@@ -47,6 +49,29 @@ def test_a_person_trades_a_password_for_a_token(alice: User) -> None:
     unknown = anonymous.post("/api/v1/auth/token/", {"username": "nobody", "password": "nope"}, format="json")
     assert problem(wrong, 400, "invalid_credentials") == problem(unknown, 400, "invalid_credentials")
     problem(anonymous.post("/api/v1/auth/token/", {"username": "alice"}, format="json"), 400, "invalid_payload")
+
+
+@pytest.fixture
+def fresh_throttle() -> Iterator[None]:
+    """Login attempts are counted in the default cache, per client address: start and end at zero."""
+    cache.clear()
+    yield
+    cache.clear()
+
+
+def test_password_guessing_is_throttled(alice: User, fresh_throttle: None) -> None:
+    anonymous = APIClient()
+    guesses = [
+        anonymous.post("/api/v1/auth/token/", {"username": "alice", "password": f"guess-{n}"}, format="json")
+        for n in range(31)
+    ]
+    assert [g.status_code for g in guesses[:30]] == [400] * 30
+    problem(guesses[30], 429, "throttled")
+    assert int(guesses[30]["Retry-After"]) > 0
+    # The right password does not get through either until the window passes.
+    right = anonymous.post("/api/v1/auth/token/", {"username": "alice", "password": "alice-password"}, format="json")
+    problem(right, 429, "throttled")
+    assert not ApiToken.objects.exists()
 
 
 def test_agents_never_log_in(db: None) -> None:
