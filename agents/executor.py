@@ -13,7 +13,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Sum
 
 from agents import scripted
 from agents.models import AgentProfile, TranscriptEntry
@@ -75,6 +74,11 @@ class Turn:
         self.saga_id = self.collaborator.saga_id
         self.turn = run.turn
         self.profile = AgentProfile.objects.filter(name=self.collaborator.profile).first()
+        # The run's transcript, read once per turn and extended by append(): while this turn holds
+        # the run's lease nobody else writes it, and a turn whose write fails ends with the exception.
+        self.history: list[dict[str, Any]] | None = None
+        self.last_seq = 0
+        self.tokens = 0
 
     # --- the shape of a turn ----------------------------------------------------------------
 
@@ -146,13 +150,13 @@ class Turn:
         with transaction.atomic():
             self.check_lease()
             messages: list[dict[str, Any]] = []
-            if not TranscriptEntry.objects.filter(run=self.run).exists():
+            if not self.transcript():
                 messages.append({"role": "system", "content": self.system_prompt()})
                 messages.append({"role": "user", "content": self.first_input()})
             items = actions.consume_steering(recipient=self.collaborator, turn=self.turn)
             if items:
                 messages.append({"role": "user", "content": "\n\n".join(render(item) for item in items)})
-            self.append(messages)
+            self.append(messages, leased=True)
             return bool(messages)
 
     def system_prompt(self) -> str:
@@ -185,7 +189,7 @@ class Turn:
                 SteeringItem.objects.filter(
                     recipient=self.collaborator, request=request, consumed_at__isnull=True
                 ).update(consumed_turn=self.turn, consumed_at=request.updated_at)
-            self.append([tool_message(run.wait_tool_call_id, result)])
+            self.append([tool_message(run.wait_tool_call_id, result)], leased=True)
             Run.objects.filter(pk=run.pk).update(waiting_on=None, wait_tool_call_id="")
         self.run.waiting_on_id = None
 
@@ -231,7 +235,7 @@ class Turn:
             call = Call(run=self.run, collaborator=self.collaborator, turn=self.turn, call_id=tool_call["id"])
             outcome = execute(call, tool_call["name"], tool_call["arguments"], self.profile.tools)
             if outcome.result is not None:
-                self.append([tool_message(tool_call["id"], outcome.result)])
+                self.append([tool_message(tool_call["id"], outcome.result)], leased=True)
             return outcome
 
     def finish(self, status: str, *, result: Any = None, error: str = "") -> None:
@@ -254,22 +258,34 @@ class Turn:
             raise LostTurn
 
     def transcript(self) -> list[dict[str, Any]]:
-        return list(TranscriptEntry.objects.filter(run=self.run).order_by("seq").values_list("message", flat=True))
+        if self.history is None:
+            rows = TranscriptEntry.objects.filter(run=self.run).order_by("seq").values_list("seq", "message", "tokens")
+            self.history = []
+            for seq, message, tokens in rows:
+                self.history.append(message)
+                self.last_seq, self.tokens = seq, self.tokens + tokens
+        return list(self.history)
 
-    def append(self, messages: list[dict[str, Any]], *, tokens: int = 0) -> None:
+    def append(self, messages: list[dict[str, Any]], *, tokens: int = 0, leased: bool = False) -> None:
+        """Add messages to the transcript; `leased`: the caller's transaction has checked the lease."""
         if not messages:
             return
         with transaction.atomic():
-            self.check_lease()
-            last = TranscriptEntry.objects.filter(run=self.run).order_by("-seq").values_list("seq", flat=True).first()
-            start = (last or 0) + 1
+            if not leased:
+                self.check_lease()
+            self.transcript()
+            start = self.last_seq + 1
             TranscriptEntry.objects.bulk_create(
                 TranscriptEntry(run=self.run, seq=start + i, turn=self.turn, message=m, tokens=tokens if i == 0 else 0)
                 for i, m in enumerate(messages)
             )
+        assert self.history is not None
+        self.history.extend(messages)
+        self.last_seq, self.tokens = start + len(messages) - 1, self.tokens + tokens
 
     def tokens_used(self) -> int:
-        return int(TranscriptEntry.objects.filter(run=self.run).aggregate(t=Sum("tokens"))["t"] or 0)
+        self.transcript()
+        return self.tokens
 
     def journal(self, type: str, data: dict[str, Any]) -> None:
         record(saga_id=self.saga_id, type=type, actor=self.collaborator.handle, run_id=self.run.pk, data=data)
@@ -289,4 +305,5 @@ def render(item: SteeringItem) -> str:
             attrs["status"] = request.status
     if item.human_request_id:
         attrs["human_request_id"] = item.human_request_id
-    return scripted.header(**attrs) + "\n" + json.dumps(item.payload, ensure_ascii=False)
+    payload = {"error": request.error} if request is not None and request.error else item.payload
+    return scripted.header(**attrs) + "\n" + json.dumps(payload, ensure_ascii=False)
