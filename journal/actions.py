@@ -31,7 +31,7 @@ def group_name(saga_id: UUID | str) -> str:
     return f"journal.{saga_id}"
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def record(
     *, saga_id: UUID | str, type: str, actor: str = "", run_id: str = "", data: dict[str, Any] | None = None
 ) -> JournalEvent:
