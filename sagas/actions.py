@@ -273,11 +273,14 @@ def consume_steering(
         return []
     now = timezone.now()
     SteeringItem.objects.filter(pk__in=[i.pk for i in consumed]).update(consumed_at=now, consumed_turn=turn)
-    delivered_ids = [i.request_id for i in consumed if i.kind == SteeringItem.Kind.REQUEST]
-    delivered = AgentRequest.objects.filter(pk__in=delivered_ids, status=Status.PENDING)
-    for request_id, saga_id in delivered.values_list("pk", "saga_id"):
-        if AgentRequest.objects.filter(pk=request_id, status=Status.PENDING).update(status=Status.DELIVERED):
-            record(saga_id=saga_id, type="request.delivered", actor=recipient.handle, data={"request_id": request_id})
+    for item in consumed:
+        # The compare-and-set alone decides: the requests came with the items, no need to re-read them.
+        request = item.request
+        if item.kind != SteeringItem.Kind.REQUEST or request is None:
+            continue
+        if AgentRequest.objects.filter(pk=request.pk, status=Status.PENDING).update(status=Status.DELIVERED):
+            record(saga_id=request.saga_id, type="request.delivered", actor=recipient.handle,
+                   data={"request_id": request.pk})  # fmt: skip
     return consumed
 
 
