@@ -226,7 +226,7 @@ def inbox_for(saga: Saga, user: Any, *, bound: Submitted | None = None) -> tuple
     return pending, answered
 
 
-def pending_form_for(saga: Saga, user: Any, human_request_id: str) -> HumanRequest | None:
+def addressed_form(saga: Saga, user: Any, human_request_id: str) -> HumanRequest | None:
     """A form of this saga addressed to user, or None: nobody else can even find it here."""
     return HumanRequest.objects.filter(saga=saga, addressee__user=user, pk=human_request_id).first()
 

@@ -214,7 +214,7 @@ def journal_rows(request: HttpRequest, saga_id: UUID) -> HttpResponse:
 def answer_form(request: HttpRequest, saga_id: UUID, human_request_id: str) -> HttpResponse:
     """Answer a form addressed to the signed-in person; the kernel validates it against its schema."""
     saga = visible_saga(request, saga_id)
-    human_request = dashboard.pending_form_for(saga, request.user, human_request_id)
+    human_request = dashboard.addressed_form(saga, request.user, human_request_id)
     if human_request is None:
         raise Http404("No such form for you.")
     answer = dashboard.answer_from_post(human_request, request.POST)
