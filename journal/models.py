@@ -31,7 +31,9 @@ class JournalEventQuerySet(models.QuerySet["JournalEvent"]):
 class JournalEvent(models.Model):
     """One append-only record of something that happened in a saga, numbered gap-free per saga."""
 
-    saga = models.ForeignKey("sagas.Saga", on_delete=models.CASCADE, related_name="journal_events")
+    # A saga with a history is never deleted: PROTECT says so on every database alike (on PostgreSQL
+    # a cascade would run into the append-only trigger; on SQLite it would silently erase the history).
+    saga = models.ForeignKey("sagas.Saga", on_delete=models.PROTECT, related_name="journal_events")
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=64)
     actor = models.CharField(max_length=160, blank=True, help_text="Collaborator id, such as agent:coder-01.")
