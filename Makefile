@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# The tests mostly wait on real processes: two at a time halve the wall time.
+PYTEST_WORKERS ?= 2
 
 .PHONY: run test lint typecheck migrations-check check bench clean
 
@@ -23,7 +25,7 @@ run: $(VENV)/.base-installed
 	$(BIN)/python -m config.stack
 
 test: $(VENV)/.dev-installed
-	AGORA_DATA_DIR=$(CURDIR)/var/test $(BIN)/python -m pytest $(PYTEST_ARGS)
+	AGORA_DATA_DIR=$(CURDIR)/var/test $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check .

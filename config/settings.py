@@ -133,14 +133,19 @@ STATICFILES_DIRS = [BASE_DIR / "static"]  # the dashboard's CSS and script (conf
 EMBEDDED_REDIS_PORT = int(os.environ.get("AGORA_REDIS_PORT", "6390"))
 REDIS_URL = os.environ.get("REDIS_URL", f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0")
 
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        # A socket read timeout above channels_redis's 5 s blocking pop: at redis-py's default
-        # (also 5 s) an idle WebSocket's receive times out and its consumer dies.
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": 30},
+
+def channel_layers_for(redis_url: str) -> dict[str, Any]:
+    return {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # A socket read timeout above channels_redis's 5 s blocking pop: at redis-py's default
+            # (also 5 s) an idle WebSocket's receive times out and its consumer dies.
+            "CONFIG": {"hosts": [{"address": redis_url, "socket_timeout": 30}], "capacity": 1000, "expiry": 30},
+        }
     }
-}
+
+
+CHANNEL_LAYERS = channel_layers_for(REDIS_URL)
 
 # Celery. The database is the source of truth and Redis only rings doorbells, so these settings
 # favour "run again" over "lose": every task is written to be safe when delivered twice.

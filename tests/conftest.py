@@ -15,6 +15,7 @@ from redis import Redis
 
 from accounts.models import User
 from config.celery import app as celery_app
+from config.settings import channel_layers_for
 from tests.support import CeleryWorker, RedisServer, WebServer
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -35,17 +36,24 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str
 _db_numbers = itertools.count()
 
 
+def database_numbers(databases: int) -> list[int]:
+    """This test process's share of the server's databases (0 is left alone); parallel test
+    processes (pytest-xdist) sharing one REDIS_URL never use the same database."""
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return list(range(1 + index, databases, count))
+
+
 @pytest.fixture(autouse=True)
 def redis_url(redis_server: tuple[str, int], settings: LazySettings) -> Iterator[str]:
     """Each test gets its own, empty Redis database, used by Celery, Channels and the wake-ups."""
     base, databases = redis_server
-    url = f"{base}/{1 + next(_db_numbers) % (databases - 1)}"
+    mine = database_numbers(databases)
+    url = f"{base}/{mine[next(_db_numbers) % len(mine)]}"
     with Redis.from_url(url) as client:
         client.flushdb()
     settings.REDIS_URL = url
-    settings.CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}
-    }
+    settings.CHANNEL_LAYERS = channel_layers_for(url)
     channel_layers.backends.clear()
     use_broker(url)
     yield url
@@ -76,7 +84,7 @@ def celery_worker(transactional_db: None, redis_url: str, artifacts: Path) -> It
     """A real Celery worker process sharing the test database and this test's Redis database."""
     worker = CeleryWorker(redis_url, artifacts)
     yield worker
-    worker.stop()
+    worker.kill()  # its work is over: no need to wait for a warm shutdown
 
 
 @pytest.fixture

@@ -189,9 +189,9 @@ class CeleryWorker:
 
     def kill(self) -> None:
         """kill -9 the whole worker (main process and pool children), as a crash would."""
-        assert self.proc is not None
-        kill_group(self.proc)
-        self.proc.wait()
+        if self.proc is not None:
+            kill_group(self.proc)
+            self.proc.wait()
 
     def stop(self) -> None:
         if self.proc is not None:
