@@ -22,13 +22,15 @@ def fake_llm() -> Iterator[FakeLLM]:
 
 
 @pytest.fixture
-def runtime_env(fake_llm: FakeLLM) -> dict[str, str]:
-    """What a worker needs to reach the fake provider, with short leases so crashes heal fast."""
+def runtime_env(fake_llm: FakeLLM, request: pytest.FixtureRequest) -> dict[str, str]:
+    """What a worker needs to reach the fake provider, with short leases so crashes heal fast
+    (a test may change any of it: parametrize `runtime_env` indirectly with a dict)."""
     return {
         "OPENAI_BASE_URL": fake_llm.url,
         "OPENAI_API_KEY": "test",
         "OPENAI_TIMEOUT_S": "2",
         "AGORA_LEASE_S": LEASE_S,
+        **getattr(request, "param", {}),
     }
 
 
@@ -38,7 +40,7 @@ def worker(
 ) -> Iterator[CeleryWorker]:
     started = CeleryWorker(redis_url, artifacts, env=runtime_env)
     yield started
-    started.stop()
+    started.kill()  # its work is over: no need to wait for a warm shutdown
 
 
 @pytest.fixture
