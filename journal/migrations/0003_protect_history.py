@@ -5,16 +5,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('journal', '0002_append_only_trigger'),
-        ('sagas', '0002_kernel'),
+        ("journal", "0002_append_only_trigger"),
+        ("sagas", "0002_kernel"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='journalevent',
-            name='saga',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='journal_events', to='sagas.saga'),
+            model_name="journalevent",
+            name="saga",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name="journal_events", to="sagas.saga"
+            ),
         ),
     ]
