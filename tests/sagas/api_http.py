@@ -1,5 +1,6 @@
-"""A small HTTP client for the API tests that run against a real daphne process (the `web_server`
-fixture): the standard library only, so every call goes over a real socket."""
+"""HTTP helpers for the API tests: DRF's APIClient signed in as one of the cast, the check of a
+problem response, and a small HTTP client for the tests that run against a real daphne process (the
+`web_server` fixture), on the standard library only so that every call goes over a real socket."""
 
 import http.client
 import json
@@ -8,7 +9,27 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from rest_framework.test import APIClient
+
+from accounts.actions import issue_token
+from accounts.models import User
 from tests.support import wait_until
+
+
+def client_for(user: User, scheme: str = "Token") -> APIClient:
+    """An in-process client authenticated with a fresh token of `user` (agents use "Bearer")."""
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"{scheme} {issue_token(user=user)}")
+    return api
+
+
+def problem(response: Any, status: int, code: str) -> dict[str, Any]:
+    """The body of an APIClient response, after checking it is a problem of this status and code."""
+    assert response.status_code == status, (response.status_code, response.content)
+    assert response["Content-Type"].startswith("application/problem+json")
+    body: dict[str, Any] = json.loads(response.content)
+    assert body["code"] == code, body
+    return body
 
 
 @dataclass

@@ -1,15 +1,11 @@
 """`ask_human` over the API: an agent's form, the addressed person's validated answer, delivered
 once to the asking agent's steering."""
 
-import json
-from typing import Any
-
 import pytest
-from rest_framework.test import APIClient
 
-from accounts.actions import issue_token
 from accounts.models import User
 from sagas.models import HumanRequest, SteeringItem
+from tests.sagas.api_http import client_for, problem
 from tests.sagas.kernel import Team
 
 pytestmark = pytest.mark.usefixtures("fast_passwords")
@@ -19,20 +15,6 @@ FIELDS = [
     {"name": "budget", "label": "Budget (days)", "type": "integer", "required": True},
     {"name": "notes", "type": "text", "required": False},
 ]
-
-
-def client_for(user: User, scheme: str = "Token") -> APIClient:
-    api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"{scheme} {issue_token(user=user)}")
-    return api
-
-
-def problem(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, (response.status_code, response.content)
-    assert response["Content-Type"].startswith("application/problem+json")
-    body: dict[str, Any] = json.loads(response.content)
-    assert body["code"] == code, body
-    return body
 
 
 def test_a_form_is_answered_once_and_the_answer_reaches_the_agent(

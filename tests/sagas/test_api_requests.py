@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from accounts.actions import issue_token
 from journal.models import JournalEvent
 from sagas.models import AgentRequest, SteeringItem
-from tests.sagas.api_http import Http
+from tests.sagas.api_http import Http, client_for, problem
 from tests.sagas.kernel import Team
 from tests.support import WebServer, wait_until
 
@@ -33,9 +33,7 @@ def as_agent(team: Team) -> Client:
     """An APIClient authenticated as one of the team's agents, with its own token."""
 
     def client(name: str) -> APIClient:
-        api = APIClient()
-        api.credentials(HTTP_AUTHORIZATION=f"Bearer {issue_token(user=team.user(name))}")
-        return api
+        return client_for(team.user(name), "Bearer")
 
     return client
 
@@ -43,14 +41,6 @@ def as_agent(team: Team) -> Client:
 def ask(api: APIClient, team: Team, body: dict[str, Any], **headers: str) -> Response:
     response: Response = api.post(f"/api/v1/sagas/{team.saga.pk}/requests/", body, format="json", headers=headers)
     return response
-
-
-def problem(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, (response.status_code, response.content)
-    assert response["Content-Type"].startswith("application/problem+json")
-    body: dict[str, Any] = json.loads(response.content)
-    assert body["code"] == code, body
-    return body
 
 
 def test_the_sender_is_the_caller_whatever_the_body_says(team: Team, as_agent: Client) -> None:
@@ -64,8 +54,7 @@ def test_the_sender_is_the_caller_whatever_the_body_says(team: Team, as_agent: C
 
 
 def test_an_agent_of_another_saga_finds_nothing_of_ours(team: Team, other_team: Team, as_agent: Client) -> None:
-    spy = APIClient()
-    spy.credentials(HTTP_AUTHORIZATION=f"Bearer {issue_token(user=other_team.user('spy'))}")
+    spy = client_for(other_team.user("spy"), "Bearer")
     ours = ask(as_agent("tester"), team, {"to": "agent:coder", "type": "check", "payload": {}}).data["request_id"]
     absent_saga = "00000000-0000-4000-8000-000000000000"
     seen: list[str] = []
@@ -101,8 +90,7 @@ def test_only_the_recipient_replies_and_only_once(team: Team, as_agent: Client, 
     rid = ask(tester, team, {"to": "agent:coder", "type": "check", "payload": {}}).data["request_id"]
 
     problem(tester.post(f"/api/v1/requests/{rid}/reply/", {"payload": 1}, format="json"), 403, "forbidden")
-    person = APIClient()
-    person.credentials(HTTP_AUTHORIZATION=f"Token {issue_token(user=bob)}")  # a collaborator, not a party
+    person = client_for(bob)  # a collaborator, not a party
     problem(person.post(f"/api/v1/requests/{rid}/reply/", {"payload": 1}, format="json"), 404, "not_found")
     problem(coder.post(f"/api/v1/requests/{rid}/reply/", {}, format="json"), 400, "invalid_payload")
 
@@ -162,8 +150,7 @@ def test_pending_cap_per_sender(team: Team, as_agent: Client, settings: LazySett
 
 def test_policy_refuses_agents_outside_the_senders_reach(make_team: Callable[..., Team]) -> None:
     hub = make_team(policy="hub")
-    api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Bearer {issue_token(user=hub.user('tester'))}")
+    api = client_for(hub.user("tester"), "Bearer")
     problem(ask(api, hub, {"to": "agent:reviewer", "type": "x", "payload": {}}), 404, "not_found")  # not visible
     problem(
         ask(api, hub, {"to": "agent:lead", "type": "x", "payload": {}}), 403, "not_addressable"

@@ -4,34 +4,20 @@ document, through DRF's APIClient."""
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.core.cache import cache
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
-from accounts.actions import create_agent_user, issue_token
+from accounts.actions import create_agent_user
 from accounts.models import ApiToken, User
 from journal.models import JournalEvent
 from sagas.models import Collaborator, SteeringItem
+from tests.sagas.api_http import client_for, problem
 from tests.sagas.kernel import Team
 
 pytestmark = pytest.mark.usefixtures("fast_passwords")
-
-
-def client_for(user: User, scheme: str = "Token") -> APIClient:
-    api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"{scheme} {issue_token(user=user)}")
-    return api
-
-
-def problem(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, (response.status_code, response.content)
-    assert response["Content-Type"].startswith("application/problem+json")
-    body: dict[str, Any] = json.loads(response.content)
-    assert body["code"] == code, body
-    return body
 
 
 def test_a_person_trades_a_password_for_a_token(alice: User) -> None:
