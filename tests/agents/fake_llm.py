@@ -44,6 +44,18 @@ Reply = dict[str, Any] | Fault
 Rule = Callable[[dict[str, Any]], Reply]
 
 
+def finish_once_answered(result: str, call_id: str, *, meanwhile: str) -> Rule:
+    """A rule: say `meanwhile` until the newest message is a reply delivered to the agent (a
+    `kind="response"` steering message), then call `finish` with `result`."""
+
+    def decide(body: dict[str, Any]) -> Reply:
+        if 'kind="response"' in body["messages"][-1].get("content", ""):
+            return say("", tool_call("finish", {"result": result}, call_id))
+        return say(meanwhile)
+
+    return decide
+
+
 class FakeLLM:
     def __init__(self) -> None:
         self.queues: dict[str, deque[Reply]] = defaultdict(deque)

@@ -16,7 +16,7 @@ from journal.models import JournalEvent
 from sagas import actions
 from sagas.models import Collaborator, Delegation, HumanRequest, Run, Saga
 from sagas.tasks import reconcile
-from tests.agents.fake_llm import GATE, FakeLLM, say, tool_call
+from tests.agents.fake_llm import GATE, FakeLLM, finish_once_answered, say, tool_call
 from tests.support import CeleryWorker, wait_until
 
 AddAgent = Callable[..., Collaborator]
@@ -57,14 +57,7 @@ def test_a_wait_that_times_out_resumes_with_timed_out_and_the_reply_arrives_late
     slow, _ = actions.add_agent(saga=saga, name="slow", role="Slow", task="later", runtime="external", by=alice)
     ask = {"to": "agent:slow", "type": "slow.answer", "payload": {}, "mode": "wait", "timeout_s": 1}
     fake_llm.script("model-a", say("", tool_call("ask_agent", ask, "w1")))
-    fake_llm.rule(
-        "model-a",
-        lambda body: (
-            say("", tool_call("finish", {"result": "late reply seen"}, "f1"))
-            if 'kind="response"' in body["messages"][-1].get("content", "")
-            else say("Still waiting.")
-        ),
-    )
+    fake_llm.rule("model-a", finish_once_answered("late reply seen", "f1", meanwhile="Still waiting."))
     ann = add_internal("ann", model="model-a")
 
     def resumed() -> bool:

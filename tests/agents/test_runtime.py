@@ -9,7 +9,17 @@ from django.db import connection
 
 from journal.models import JournalEvent
 from sagas.models import Collaborator, Run, Saga
-from tests.agents.fake_llm import GATE, HANG, MALFORMED, RATE_LIMIT, SERVER_ERROR, FakeLLM, say, tool_call
+from tests.agents.fake_llm import (
+    GATE,
+    HANG,
+    MALFORMED,
+    RATE_LIMIT,
+    SERVER_ERROR,
+    FakeLLM,
+    finish_once_answered,
+    say,
+    tool_call,
+)
 from tests.support import CeleryWorker, wait_until
 
 AddAgent = Callable[..., Collaborator]
@@ -76,14 +86,7 @@ def test_async_mode_delivers_the_reply_in_a_later_turn(
         "model-a", say("", tool_call("ask_agent", {"to": "agent:echo", "type": "echo.me", "payload": [1, 2]}, "c1"))
     )
     # Then: carry on (no tool call) until the reply shows up in the conversation, and finish.
-    fake_llm.rule(
-        "model-a",
-        lambda body: (
-            say("", tool_call("finish", {"result": "got it"}, "c2"))
-            if 'kind="response"' in body["messages"][-1].get("content", "")
-            else say("I will wait for the answer.")
-        ),
-    )
+    fake_llm.rule("model-a", finish_once_answered("got it", "c2", meanwhile="I will wait for the answer."))
     ann = add_internal("ann", model="model-a")
 
     wait_until(lambda: finished(ann), what="ann's run to finish")
@@ -256,14 +259,7 @@ def test_a_worker_killed_during_tool_execution_is_recovered_without_duplicate_ef
         GATE,
         say("", tool_call("ask_agent", {"to": "agent:echo", "type": "echo.me", "payload": {"n": 1}}, "c1")),
     )
-    fake_llm.rule(
-        "model-a",
-        lambda body: (
-            say("", tool_call("finish", {"result": "survived"}, "c2"))
-            if 'kind="response"' in body["messages"][-1].get("content", "")
-            else say("Waiting.")
-        ),
-    )
+    fake_llm.rule("model-a", finish_once_answered("survived", "c2", meanwhile="Waiting."))
     ann = add_internal("ann", model="model-a")
     wait_until(lambda: len(fake_llm.calls_for("model-a")) == 1, what="ann's first model call")
 
