@@ -251,7 +251,7 @@ class Turn:
         order, no deadlocks), then make sure this worker still holds the turn."""
         actions.lock_saga(self.saga_id)
         if (
-            not Run.objects.select_for_update()
+            not Run.objects.select_for_update(no_key=True)
             .filter(pk=self.run.pk, status=Run.Status.RUNNING, turn=self.turn)
             .exists()
         ):

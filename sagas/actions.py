@@ -41,7 +41,10 @@ Status = AgentRequest.Status
 
 
 def lock_saga(saga_id: Any) -> Saga:
-    saga = Saga.objects.select_for_update().filter(pk=saga_id).first()
+    # NO KEY UPDATE: writers of one saga queue here, but inserts that merely reference the saga
+    # (journal events, requests) take KEY SHARE on it and must not wait behind us, or a writer
+    # holding a journal head while inserting its event deadlocks with us.
+    saga = Saga.objects.select_for_update(no_key=True).filter(pk=saga_id).first()
     if saga is None:
         raise errors.NotFound(f"No saga {saga_id}.")
     return saga
