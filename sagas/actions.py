@@ -243,11 +243,9 @@ def wake(collaborator: Collaborator) -> None:
         ring_run_after_commit(run.pk)
 
 
-def resume_waiter(request: AgentRequest | None = None, human_request: HumanRequest | None = None) -> None:
-    """A run parked on this request (or form) gets its next turn, which reads the outcome."""
-    parked = Run.objects.filter(status=Run.Status.WAITING)
-    parked = parked.filter(waiting_on=request) if request else parked.filter(waiting_on_human=human_request)
-    for run_id in parked.values_list("pk", flat=True):
+def resume_waiter(request: AgentRequest) -> None:
+    """A run parked on this request gets its next turn, which reads the outcome."""
+    for run_id in Run.objects.filter(status=Run.Status.WAITING, waiting_on=request).values_list("pk", flat=True):
         if Run.objects.filter(pk=run_id, status=Run.Status.WAITING).update(status=Run.Status.QUEUED, wait_until=None):
             ring_run_after_commit(run_id)
 
@@ -611,7 +609,7 @@ def finish_run(*, run: Run, status: str, result: Any = None, error: str = "", ac
     if status not in Run.FINISHED:
         raise errors.InvalidPayload(f"{status} is not a terminal run status.")
     if not Run.objects.filter(pk=run.pk).exclude(status__in=Run.FINISHED).update(
-        status=status, result=result, error=error, lease_until=None, waiting_on=None, waiting_on_human=None,
+        status=status, result=result, error=error, lease_until=None, waiting_on=None,
         wait_until=None,
     ):  # fmt: skip
         return False
@@ -717,7 +715,6 @@ def answer_human_request(*, human_request_id: str, answer: Any, by: User) -> Hum
         recipient=human_request.asker, kind=SteeringItem.Kind.HUMAN_RESPONSE, sender=human_request.addressee.handle,
         human_request=human_request, payload=clean,
     )  # fmt: skip
-    resume_waiter(human_request=human_request)
     record(
         saga_id=human_request.saga_id,
         type="human_request.answered",

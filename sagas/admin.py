@@ -130,7 +130,7 @@ class RunAdmin(ReadOnlyAdmin):
     search_fields = ("=id", "collaborator__name", "collaborator__saga__title", "=collaborator__saga__id")
     list_select_related = ("collaborator__saga",)
     fields = (
-        "id", "collaborator", "status", "turn", "resumable", "lease_until", "waiting_on", "waiting_on_human",
+        "id", "collaborator", "status", "turn", "resumable", "lease_until", "waiting_on",
         "wait_until", "wait_tool_call_id", "result_", "error", "created_at", "updated_at",
     )  # fmt: skip
     readonly_fields = fields

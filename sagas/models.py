@@ -161,9 +161,6 @@ class Run(models.Model):
     lease_until = models.DateTimeField(null=True, blank=True)
     resumable = models.BooleanField(default=False)
     waiting_on = models.ForeignKey("AgentRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    waiting_on_human = models.ForeignKey(
-        "HumanRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
     wait_until = models.DateTimeField(null=True, blank=True)
     wait_tool_call_id = models.CharField(max_length=120, blank=True)
     result = models.JSONField(null=True, blank=True)

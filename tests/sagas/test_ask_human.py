@@ -268,21 +268,16 @@ def test_only_the_addressee_answers(team: Team, alice: User, mallory: User) -> N
     assert steering(team["coder"]) == []
 
 
-def test_an_answer_resumes_an_asker_parked_on_the_form(make_team: MakeTeam, bob: User) -> None:
+def test_an_answer_wakes_an_idle_asker(make_team: MakeTeam, bob: User) -> None:
     team = make_team(internal=["coder"])
     run = claim_turn(run_id=team.run("coder").pk)
     assert run is not None
     human_request = form(team)
     assert end_turn(run_id=run.pk, turn=1, more=False) == Run.Status.IDLE
-    # No kernel action parks a run on a form yet; arrange the parked state the kernel resumes from.
-    Run.objects.filter(pk=run.pk).update(
-        status=Run.Status.WAITING, waiting_on_human=human_request, wait_until=human_request.created_at
-    )
 
     answer_human_request(human_request_id=human_request.pk, answer=GOOD, by=bob)
 
-    resumed = team.run("coder")
-    assert (resumed.status, resumed.wait_until) == (Run.Status.QUEUED, None)
+    assert team.run("coder").status == Run.Status.QUEUED
 
 
 @pytest.mark.django_db(transaction=True)

@@ -23,7 +23,7 @@ from sagas.actions import (
     renew_lease,
     reply_to_request,
 )
-from sagas.models import AgentRequest, HumanRequest, Run
+from sagas.models import AgentRequest, Run
 from sagas.tasks import reconcile
 from tests.sagas.conftest import MakeTeam
 from tests.sagas.kernel import (
@@ -219,13 +219,8 @@ def test_a_run_parked_past_its_deadline_is_queued(make_team: MakeTeam, clock: Cl
     run = claim_turn(run_id=team.run("coder").pk)
     assert run is not None
     end_turn(run_id=run.pk, turn=1, more=False)
-    form = HumanRequest.objects.create(
-        saga=team.saga, asker=team["coder"], addressee=team["alice"], title="Sign-off", fields=[{"name": "ok"}]
-    )
-    # A run parked on a form (no request edge for end_wait to find): only its own deadline frees it.
-    Run.objects.filter(pk=run.pk).update(
-        status=Run.Status.WAITING, waiting_on_human=form, wait_until=clock.now + timedelta(seconds=30)
-    )
+    # A parked run with no request edge for end_wait to find: only its own deadline frees it.
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.WAITING, wait_until=clock.now + timedelta(seconds=30))
     clock.advance(31)
 
     assert reconcile()["runs_rung"] == 1
