@@ -48,12 +48,25 @@ def playbook_dirs() -> list[Path]:
     return [Path(__file__).parent / "playbooks", *map(Path, settings.AGORA_PLAYBOOK_DIRS)]
 
 
+# Parsed playbooks by path, with the (mtime, size) they were read at: every model call needs its
+# playbook, and reading and parsing a long one costs more than the rest of the call. An edited
+# file is read again. Callers only read what they get.
+_parsed: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
+
+
 def load_playbook(name: str) -> dict[str, Any]:
     if re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name):
         for folder in playbook_dirs():
             path = folder / f"{name}.json"
-            if path.exists():
-                return dict(json.loads(path.read_text()))
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            version = (stat.st_mtime_ns, stat.st_size)
+            cached = _parsed.get(path)
+            if cached is None or cached[0] != version:
+                cached = _parsed[path] = (version, dict(json.loads(path.read_text())))
+            return cached[1]
     raise UnknownPlaybook(f"No playbook {name!r}.")
 
 
