@@ -237,7 +237,7 @@ def wake(collaborator: Collaborator) -> None:
     publish_after_commit(steering_channel(collaborator.pk))
     if collaborator.runtime != Collaborator.Runtime.INTERNAL:
         return
-    run = Run.objects.get(collaborator=collaborator)
+    run = collaborator.run  # loaded with the collaborator where it was (ask_agent): only its pk is used
     woken = Run.objects.filter(pk=run.pk, status=Run.Status.IDLE).update(status=Run.Status.QUEUED)
     if woken:
         ring_run_after_commit(run.pk)
@@ -345,7 +345,7 @@ def ask_agent(
         return first, False
 
     tree = SagaTree.load(saga)
-    recipient = find_collaborator(saga, to)
+    recipient = next((c for c in tree.members.values() if c.handle == to), None)  # with its run and user
     if recipient is None or recipient.pk not in tree.visible_ids(sender) or not recipient.is_agent:
         raise errors.NotFound(f"No collaborator {to} in this saga.")
     if recipient.pk == sender.pk:
@@ -411,7 +411,10 @@ def ask_agent(
 
 
 def sender_run_id(collaborator: Collaborator) -> str:
-    return Run.objects.filter(collaborator=collaborator).values_list("pk", flat=True).first() or ""
+    try:
+        return str(collaborator.run.pk)  # often loaded with the collaborator (a turn's own run)
+    except Run.DoesNotExist:
+        return ""
 
 
 def replay(sender: Collaborator, key: str, digest: str) -> AgentRequest | None:
@@ -759,6 +762,28 @@ def claim_turn(*, run_id: str) -> Run | None:
     if not claimed:
         return None
     return Run.objects.select_related("collaborator__saga", "collaborator__user").get(pk=run_id)
+
+
+@transaction.atomic
+def reclaim_lapsed_turn(*, run_id: str, now: Any, mark: Any) -> bool:
+    """A turn whose lease lapsed (its worker died) is queued again, as last touched at `mark`."""
+    saga_id = Run.objects.filter(pk=run_id).values_list("collaborator__saga_id", flat=True).first()
+    if saga_id is None:
+        return False
+    lock_saga(saga_id)
+    run = Run.objects.select_related("collaborator").get(pk=run_id)
+    if not Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, turn=run.turn, lease_until__lt=now).update(
+        status=Run.Status.QUEUED, lease_until=None, updated_at=mark
+    ):
+        return False
+    record(
+        saga_id=run.collaborator.saga_id,
+        type="run.reclaimed",
+        actor=run.collaborator.handle,
+        run_id=run_id,
+        data={"turn": run.turn, "lease_until": run.lease_until.isoformat() if run.lease_until else None},
+    )
+    return True
 
 
 def renew_lease(*, run_id: str, turn: int) -> bool:

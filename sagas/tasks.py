@@ -29,9 +29,8 @@ def requeue_runs(now: datetime) -> int:
     internal = Run.objects.filter(collaborator__runtime=Collaborator.Runtime.INTERNAL)
     # Marked as last touched long ago, so that the re-ring below picks them up at once.
     due_now = now - timedelta(seconds=settings.AGORA_RERING_S)
-    internal.filter(status=Run.Status.RUNNING, lease_until__lt=now).update(
-        status=Run.Status.QUEUED, lease_until=None, updated_at=due_now
-    )
+    for run_id in internal.filter(status=Run.Status.RUNNING, lease_until__lt=now).values_list("pk", flat=True)[:500]:
+        actions.reclaim_lapsed_turn(run_id=run_id, now=now, mark=due_now)
     internal.filter(status=Run.Status.WAITING, wait_until__lt=now).update(
         status=Run.Status.QUEUED, wait_until=None, updated_at=due_now
     )

@@ -11,7 +11,7 @@ from sagas.models import Collaborator, Saga
 from tests.agents.fake_llm import FakeLLM
 from tests.support import CeleryWorker
 
-LEASE_S = "3"
+LEASE_S = "4"
 
 
 @pytest.fixture
