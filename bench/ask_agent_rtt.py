@@ -1,0 +1,491 @@
+"""The ask_agent round trip through the real stack, next to a bare Celery two-hop round trip.
+
+    .venv/bin/python bench/ask_agent_rtt.py [--rounds R] [--trials T] [--pairs P] [--asks N] [--profile]
+
+Agent A asks agent B asynchronously (both internal, on the scripted provider), B's turn replies,
+and the reply is injected into A's next turn. One round trip runs from the request's `created_at`
+to the `consumed_at` of B's response in A's steering: both written by the worker processes to the
+database. Everything is real: Celery worker processes, Redis, the SQLite database (WAL), kernel
+actions, the journal and its publishing to the channel layer.
+
+Per worker configuration (one `celery worker -P prefork`, `-c 1` then `-c 2`) and per round:
+- latency, one round trip in flight: a fresh saga, B started and idle, then A added; A's first
+  turn asks B once (playbook `bench-asker-1`);
+- throughput: P sagas at once, each with an A whose playbook asks B N times, one ask per model
+  call (`bench-asker-N`), so replies stream back while A keeps asking; round trips per second over
+  the middle 80% of completions;
+- the bare baseline on the same Redis (another database number) with a worker of the same shape:
+  `bench.hop1` → `bench.hop2` → Redis list (bench/bare_celery.py), one in flight for latency and
+  P in flight for throughput.
+Medians over the rounds are printed. Then, with the workers stopped, the runtime's own overhead
+per turn: `agents.executor.run_turn` timed in this process for each turn of an A/B pair (`--asks`
+asks), minus the model call's latency as its `llm_call` journal event records it; each turn starts
+without a database connection, as a Celery task does, while another connection stays open, as this
+process's does while the workers run (closing the last connection to a WAL database checkpoints it).
+
+It needs nothing running: it makes a temporary data dir with its own SQLite database, starts the
+embedded redis-server on a free port and its worker processes, and kills them all at the end.
+Settings are production's (DEBUG=0).
+"""
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import secrets
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(BASE_DIR))
+
+from tests.support import RedisServer, stop_process, wait_until  # noqa: E402
+
+AGORA_DB = 0  # Redis database numbers on the one server: Agora's broker, channel layer, wake-ups
+BARE_DB = 1  # the bare Celery app's broker and reply lists
+PAYLOAD = {"question": "ping", "detail": "x" * 64}
+
+
+# --- setup ---------------------------------------------------------------------------------------
+
+
+def configure(workdir: Path, redis_base: str) -> None:
+    """The environment this process and its workers share; read once, when Django starts."""
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="config.settings",
+        AGORA_DATA_DIR=str(workdir),
+        DATABASE_URL=f"sqlite:///{workdir / 'bench.sqlite3'}",
+        REDIS_URL=f"{redis_base}/{AGORA_DB}",
+        BENCH_BARE_REDIS_URL=f"{redis_base}/{BARE_DB}",
+        AGORA_PLAYBOOK_DIRS=str(workdir / "playbooks"),
+        DEBUG="0",
+        SECRET_KEY=secrets.token_urlsafe(50),
+        LOG_LEVEL="WARNING",
+        PYTHONUNBUFFERED="1",
+    )
+
+
+def write_playbooks(folder: Path, asks: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    responder = {"replies": {"bench.ping": {"pong": True}}}
+    (folder / "bench-responder.json").write_text(json.dumps(responder))
+    for name, n in (("bench-asker-1", 1), ("bench-asker-n", asks)):
+        steps = [
+            {"tool": "ask_agent", "args": {"to": "agent:b", "type": "bench.ping", "mode": "async",
+                                           "payload": {**PAYLOAD, "n": i}}}
+            for i in range(n)
+        ]  # fmt: skip
+        (folder / f"{name}.json").write_text(json.dumps({"steps": steps, "idle_text": "Waiting for replies."}))
+
+
+PROFILES = [
+    {"name": "bench-responder", "role": "Responder", "system_prompt": "Answer pings.", "tools": ["reply"],
+     "model": "scripted:bench-responder", "max_turns": 1_000_000},
+    {"name": "bench-asker-1", "role": "Asker", "system_prompt": "Ask B once.", "tools": ["ask_agent"],
+     "model": "scripted:bench-asker-1", "max_turns": 1_000_000},
+    {"name": "bench-asker-n", "role": "Asker", "system_prompt": "Ask B many times.", "tools": ["ask_agent"],
+     "model": "scripted:bench-asker-n", "max_turns": 1_000_000},
+]  # fmt: skip
+
+
+class Worker:
+    """One `celery worker -P prefork -c N` process group, started here and killed at the end."""
+
+    def __init__(self, app: str, concurrency: int, logdir: Path, ping: Callable[[str], bool]) -> None:
+        self.name = f"bench-{uuid.uuid4().hex[:8]}@localhost"
+        self.log_path = logdir / f"{app.replace('.', '-')}-c{concurrency}.log"
+        argv = [sys.executable, "-m", "celery", "-A", app, "worker", "-n", self.name, "-l", "WARNING",
+                "-P", "prefork", "-c", str(concurrency), "--without-mingle", "--without-gossip"]  # fmt: skip
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                argv, cwd=BASE_DIR, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        try:
+            wait_until(lambda: self.alive() and ping(self.name), timeout=60, interval=0.2, what=f"worker {app}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def alive(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"worker exited early:\n{self.log_path.read_text(errors='replace')}")
+        return True
+
+    def stop(self) -> None:
+        stop_process(self.proc, grace=5)
+
+
+@contextmanager
+def workers(concurrency: int, logdir: Path, bare_app: Any) -> Iterator[None]:
+    from config.celery import app as agora_app
+
+    started: list[Worker] = []
+    try:
+        started.append(Worker("config", concurrency, logdir, lambda n: bool(agora_app.control.ping([n], timeout=0.3))))
+        started.append(
+            Worker("bench.bare_celery", concurrency, logdir, lambda n: bool(bare_app.control.ping([n], timeout=0.3)))
+        )
+        yield
+    finally:
+        for worker in started:
+            worker.stop()
+
+
+# --- statistics ----------------------------------------------------------------------------------
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def sustained_rate(done_at: list[float]) -> float:
+    """Completions per second over the middle 80% of them: no ramp-up, no tail."""
+    times = sorted(done_at)
+    lo, hi = len(times) // 10, len(times) - 1 - len(times) // 10
+    return (hi - lo) / (times[hi] - times[lo])
+
+
+@dataclass
+class Round:
+    rtt_ms: list[float] = field(default_factory=list)
+    bare_ms: list[float] = field(default_factory=list)
+    rate: float = 0.0
+    loaded_rtt_ms: list[float] = field(default_factory=list)
+    turns_per_rtt: float = 0.0
+    bare_rate: float = 0.0
+
+
+# --- Agora --------------------------------------------------------------------------------------
+
+
+class Agora:
+    def __init__(self) -> None:
+        from accounts.models import User
+
+        self.owner = User.objects.create_user(username=f"bench-{uuid.uuid4().hex[:8]}")
+        self.sagas = 0
+
+    def saga(self) -> Any:
+        from sagas.actions import create_saga
+
+        self.sagas += 1
+        return create_saga(title=f"bench {self.sagas}", owner=self.owner)
+
+    def add(self, saga: Any, name: str, profile: str) -> Any:
+        from sagas.actions import add_agent
+
+        collaborator, _ = add_agent(
+            saga=saga, name=name, role=profile, task="Benchmark.", runtime="internal", profile=profile, by=self.owner
+        )
+        return collaborator
+
+    def round_trip(self) -> float:
+        """One ask_agent round trip with nothing else in flight; milliseconds."""
+        from sagas.models import Run, SteeringItem
+
+        saga = self.saga()
+        b = self.add(saga, "b", "bench-responder")
+        wait_until(lambda: Run.objects.filter(collaborator=b, status=Run.Status.IDLE).exists(), interval=0.01)
+        a = self.add(saga, "a", "bench-asker-1")
+        answered = SteeringItem.objects.filter(recipient=a, kind=SteeringItem.Kind.RESPONSE, consumed_at__isnull=False)
+        wait_until(answered.exists, interval=0.01, what="the reply to reach A's turn")
+        ((created, consumed),) = timestamps(answered)
+        return (consumed - created) * 1000
+
+    def throughput(self, pairs: int, asks: int) -> tuple[float, list[float], float]:
+        """P pairs asking N times each, all at once: (round trips/s, their latencies in ms, turns per round trip)."""
+        from django.db import transaction
+        from django.db.models import Sum
+
+        from sagas.models import Run, SteeringItem
+
+        with transaction.atomic():  # every pair starts at commit
+            sagas = [self.saga() for _ in range(pairs)]
+            askers = []
+            for saga in sagas:
+                self.add(saga, "b", "bench-responder")
+                askers.append(self.add(saga, "a", "bench-asker-n"))
+        answered = SteeringItem.objects.filter(
+            recipient__in=askers, kind=SteeringItem.Kind.RESPONSE, consumed_at__isnull=False
+        )
+        total = pairs * asks
+        wait_until(lambda: answered.count() >= total, timeout=600, interval=0.1, what=f"{total} round trips")
+        rows = timestamps(answered)
+        turns = Run.objects.filter(collaborator__saga__in=sagas).aggregate(t=Sum("turn"))["t"]
+        latencies = [(consumed - created) * 1000 for created, consumed in rows]
+        return sustained_rate([consumed for _, consumed in rows]), latencies, turns / total
+
+
+def timestamps(responses: Any) -> list[tuple[float, float]]:
+    """(the request's created_at, the response's consumed_at) of consumed responses, in seconds."""
+    rows = []
+    for created, consumed in responses.values_list("request__created_at", "consumed_at"):
+        assert created is not None and consumed is not None
+        rows.append((created.timestamp(), consumed.timestamp()))
+    return rows
+
+
+# --- the bare baseline ---------------------------------------------------------------------------
+
+
+class Bare:
+    def __init__(self, url: str) -> None:
+        from celery import Celery
+        from redis import Redis
+
+        # Not the current app: the kernel rings turns through `current_app`, which must stay Agora's.
+        self.app = Celery("bench_bare_client", broker=url, set_as_current=False)
+        self.app.conf.update(task_serializer="json", accept_content=["json"])
+        self.redis = Redis.from_url(url)
+
+    def send(self, reply_to: str, token: str) -> None:
+        self.app.send_task("bench.hop1", args=[reply_to, token])
+
+    def round_trip(self) -> float:
+        reply_to = f"bench:reply:{uuid.uuid4().hex}"
+        started = time.time()
+        self.send(reply_to, "1")
+        popped = self.redis.blpop([reply_to], timeout=30)
+        assert popped is not None, "the bare two-hop did not come back"
+        _, done = json.loads(popped[1])
+        return float((done - started) * 1000)
+
+    def throughput(self, in_flight: int, total: int) -> float:
+        reply_to = f"bench:reply:{uuid.uuid4().hex}"
+        sent, done_at = 0, list[float]()
+        for _ in range(in_flight):
+            self.send(reply_to, str(sent))
+            sent += 1
+        while len(done_at) < total:
+            popped = self.redis.blpop([reply_to], timeout=30)
+            assert popped is not None, "bare two-hops stopped coming back"
+            done_at.append(json.loads(popped[1])[1])
+            if sent < total:
+                self.send(reply_to, str(sent))
+                sent += 1
+        return sustained_rate(done_at)
+
+
+# --- the runtime's overhead per turn, in process ----------------------------------------------------
+
+
+@dataclass
+class Overhead:
+    overhead_ms: list[float] = field(default_factory=list)
+    turn_ms: list[float] = field(default_factory=list)
+    model_ms: list[float] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)
+    queries: list[int] = field(default_factory=list)
+
+
+def measure_overhead(agora: Agora, asks: int, profile: cProfile.Profile | None) -> Overhead:
+    """Every turn of one A/B pair (A asks N times), run here one at a time with no worker around."""
+    from django.db import connection
+
+    from agents import executor
+    from journal.models import JournalEvent
+    from sagas.models import Run
+
+    saga = agora.saga()
+    agora.add(saga, "b", "bench-responder")
+    agora.add(saga, "a", "bench-asker-n")
+    result = Overhead()
+    count = [0]
+    # Another connection stays open, as the workers' database always has one (this process's, or
+    # the web's): closing the last connection to a WAL database checkpoints it, which a turn does
+    # not pay when other processes use the database.
+    keeper = sqlite3.connect(connection.settings_dict["NAME"])
+    keeper.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+
+    def counting(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        count[0] += 1
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(counting):
+        while queued := list(
+            Run.objects.filter(collaborator__saga=saga, status=Run.Status.QUEUED).values_list("pk", flat=True)
+        ):
+            for run_id in queued:
+                after = JournalEvent.objects.filter(saga=saga).order_by("-seq").values_list("seq", flat=True)[0]
+                connection.close()  # as in a worker, where each task starts without a connection
+                count[0] = 0
+                if profile:
+                    profile.enable()
+                started, cpu = time.perf_counter(), time.process_time()
+                executor.run_turn(run_id)
+                elapsed = (time.perf_counter() - started) * 1000
+                cpu = (time.process_time() - cpu) * 1000
+                if profile:
+                    profile.disable()
+                queries = count[0]
+                calls = JournalEvent.objects.filter(saga=saga, seq__gt=after, run_id=run_id, type="llm_call")
+                latencies = [e.data["latency_ms"] for e in calls]
+                if latencies:  # a turn that called the model (not one that found nothing to do)
+                    result.turn_ms.append(elapsed)
+                    result.model_ms.append(sum(latencies))
+                    result.overhead_ms.append(elapsed - sum(latencies))
+                    result.cpu_ms.append(cpu - sum(latencies))
+                    result.queries.append(queries)
+    keeper.close()
+    return result
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def row(label: str, values: list[str]) -> None:
+    print(f"  {label:<52}" + "".join(f"{v:>16}" for v in values))
+
+
+def print_overhead(overhead: Overhead) -> None:
+    print(f"runtime overhead per turn, in process, {len(overhead.overhead_ms)} turns with a model call:")
+    row("whole turn (run_turn): median ms", [f"{med(overhead.turn_ms):.2f}"])
+    row("model call (llm_call latency_ms): median ms", [f"{med(overhead.model_ms):.2f}"])
+    row("overhead (turn minus model call): median ms", [f"{med(overhead.overhead_ms):.2f}"])
+    row("overhead: p95 ms", [f"{p95(overhead.overhead_ms):.2f}"])
+    row("overhead in CPU time (all threads of the process): median ms", [f"{med(overhead.cpu_ms):.2f}"])
+    row("SQL queries per turn: median", [f"{med([float(q) for q in overhead.queries]):.0f}"])
+
+
+def print_table(args: argparse.Namespace, results: dict[int, list[Round]], overhead: Overhead) -> None:
+    configs = sorted(results)
+    print()
+    if configs:
+        print(f"ask_agent round trip: median of {args.rounds} rounds; each round {args.trials} one-at-a-time round")
+        print(f"trips, {args.pairs} pairs x {args.asks} asks for throughput, and the bare two-hop on the same Redis")
+        row("one worker process, prefork pool of", [f"-c {c}" for c in configs])
+    s: dict[int, dict[str, float]] = {}
+    for c in configs:
+        rounds = results[c]
+        s[c] = {
+            "rtt": med([med(r.rtt_ms) for r in rounds]),
+            "rtt95": med([p95(r.rtt_ms) for r in rounds]),
+            "bare": med([med(r.bare_ms) for r in rounds]),
+            "bare95": med([p95(r.bare_ms) for r in rounds]),
+            "rate": med([r.rate for r in rounds]),
+            "loaded": med([med(r.loaded_rtt_ms) for r in rounds]),
+            "loaded95": med([p95(r.loaded_rtt_ms) for r in rounds]),
+            "turns": med([r.turns_per_rtt for r in rounds]),
+            "bare_rate": med([r.bare_rate for r in rounds]),
+        }
+    if configs:
+        row("ask_agent round trip, 1 in flight: median ms", [f"{s[c]['rtt']:.1f}" for c in configs])
+        row("ask_agent round trip, 1 in flight: p95 ms", [f"{s[c]['rtt95']:.1f}" for c in configs])
+        row("bare Celery two-hop, 1 in flight: median ms", [f"{s[c]['bare']:.2f}" for c in configs])
+        row("bare Celery two-hop, 1 in flight: p95 ms", [f"{s[c]['bare95']:.2f}" for c in configs])
+        row("ratio of medians (target <= 5)", [f"{s[c]['rtt'] / s[c]['bare']:.1f}x" for c in configs])
+        row("ask_agent round trips/s, sustained", [f"{s[c]['rate']:.0f}" for c in configs])
+        row("  round trip under that load: median ms", [f"{s[c]['loaded']:.0f}" for c in configs])
+        row("  round trip under that load: p95 ms", [f"{s[c]['loaded95']:.0f}" for c in configs])
+        row("  turns per round trip (A's and B's)", [f"{s[c]['turns']:.2f}" for c in configs])
+        row(f"bare two-hops/s, {args.pairs} in flight", [f"{s[c]['bare_rate']:.0f}" for c in configs])
+        row("ratio of rates (bare / ask_agent)", [f"{s[c]['bare_rate'] / s[c]['rate']:.1f}x" for c in configs])
+        print()
+    print_overhead(overhead)
+    print()
+    checks = [("runtime overhead per turn <= 5 ms median", med(overhead.overhead_ms) <= 5)]
+    if configs:
+        most = max(configs)
+        checks = [
+            ("round-trip median <= 5 x bare two-hop", all(s[c]["rtt"] <= 5 * s[c]["bare"] for c in configs)),
+            (f"round trips/s >= 200 with -c {most} on {os.cpu_count()} cores", s[most]["rate"] >= 200),
+            *checks,
+        ]
+    print("targets:")
+    for label, met in checks:
+        print(f"  {'met    ' if met else 'NOT met'}  {label}")
+
+
+# --- main --------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=30, help="one-at-a-time round trips per round")
+    parser.add_argument("--pairs", type=int, default=8, help="A/B pairs at once for throughput")
+    parser.add_argument("--asks", type=int, default=50, help="asks per A for throughput (at most 64 open)")
+    parser.add_argument("--concurrency", default="1,2", help="worker pool sizes to measure, comma-separated")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the in-process turns")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="agora-bench-rtt-"))
+    redis = RedisServer(workdir / "redis")
+    try:
+        configure(workdir, redis.base_url)
+        write_playbooks(workdir / "playbooks", args.asks)
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+        from redis import Redis
+
+        from agents.actions import load_profiles
+
+        call_command("migrate", verbosity=0)
+        load_profiles(entries=PROFILES)
+        agora, bare = Agora(), Bare(os.environ["BENCH_BARE_REDIS_URL"])
+        print(f"{os.cpu_count()} cores; SQLite (WAL) in {workdir}; redis-server at {redis.base_url}")
+        print(f"load average at start: {loadavg()} (other work on the machine slows every figure)", flush=True)
+
+        results: dict[int, list[Round]] = {}
+        for concurrency in (int(c) for c in args.concurrency.split(",") if c):
+            with workers(concurrency, workdir, bare.app):
+                for _ in range(3):  # warm the pool processes: imports, connections, caches
+                    agora.round_trip()
+                    bare.round_trip()
+                rounds = results.setdefault(concurrency, [])
+                for i in range(args.rounds):
+                    r = Round()
+                    r.rtt_ms = [agora.round_trip() for _ in range(args.trials)]
+                    r.bare_ms = [bare.round_trip() for _ in range(max(args.trials, 100))]
+                    r.rate, r.loaded_rtt_ms, r.turns_per_rtt = agora.throughput(args.pairs, args.asks)
+                    r.bare_rate = bare.throughput(args.pairs, max(1000, args.pairs * args.asks))
+                    rounds.append(r)
+                    print(
+                        f"-c {concurrency} round {i + 1}: round trip {med(r.rtt_ms):.1f} ms"
+                        f" (bare {med(r.bare_ms):.2f}), {r.rate:.0f} round trips/s (bare {r.bare_rate:.0f}/s)",
+                        flush=True,
+                    )
+        # No worker is left: the doorbells the in-process turns ring go nowhere.
+        Redis.from_url(os.environ["REDIS_URL"]).flushdb()
+        profile = cProfile.Profile() if args.profile else None
+        overhead = measure_overhead(agora, args.asks, profile)
+        print_table(args, results, overhead)
+        print(f"\nload average at the end: {loadavg()}")
+        if profile is not None:
+            print()
+            pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
+            pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    except BaseException:
+        for log in sorted(workdir.glob("*.log")):
+            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
+        raise
+    finally:
+        redis.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
