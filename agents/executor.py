@@ -36,14 +36,12 @@ class Heartbeat(threading.Thread):
         super().__init__(daemon=True, name=f"heartbeat-{run_id}")
         self.run_id, self.turn = run_id, turn
         self.stopped = threading.Event()
-        self.lost = False
 
     def run(self) -> None:
         try:
             while not self.stopped.wait(settings.AGORA_LEASE_S / 3):
                 if not actions.renew_lease(run_id=self.run_id, turn=self.turn):
-                    self.lost = True
-                    return
+                    return  # taken over: the turn's next write finds out and stops (LostTurn)
         finally:
             connection.close()
 

@@ -793,10 +793,6 @@ def renew_lease(*, run_id: str, turn: int) -> bool:
     )
 
 
-def holds_turn(run_id: str, turn: int) -> bool:
-    return Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, turn=turn).exists()
-
-
 @transaction.atomic
 def park_on_request(*, run_id: str, turn: int, request_id: str, tool_call_id: str) -> None:
     """Remember, with the request's creation, which tool call waits on it; the turn parks at its end."""
