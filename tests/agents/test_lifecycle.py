@@ -17,14 +17,10 @@ from sagas import actions
 from sagas.models import Collaborator, Delegation, HumanRequest, Run, Saga
 from sagas.tasks import reconcile
 from tests.agents.fake_llm import GATE, FakeLLM, finish_once_answered, say, tool_call
+from tests.sagas.kernel import finished
 from tests.support import CeleryWorker, wait_until
 
 AddAgent = Callable[..., Collaborator]
-
-
-def finished(collaborator: Collaborator) -> Run | None:
-    run = Run.objects.get(collaborator=collaborator)
-    return run if run.is_finished else None
 
 
 def test_delegate_creates_a_child_with_its_delegation_and_a_run_started_from_the_handoff(

@@ -20,6 +20,7 @@ from tests.agents.fake_llm import (
     say,
     tool_call,
 )
+from tests.sagas.kernel import events_of, finished
 from tests.support import CeleryWorker, wait_until
 
 AddAgent = Callable[..., Collaborator]
@@ -29,19 +30,10 @@ def run_of(collaborator: Collaborator) -> Run:
     return Run.objects.get(collaborator=collaborator)
 
 
-def finished(collaborator: Collaborator) -> Run | None:
-    run = run_of(collaborator)
-    return run if run.is_finished else None
-
-
 def tool_result(request: dict[str, Any], call_id: str) -> Any:
     """The result the model was shown for one of its tool calls."""
     message = next(m for m in request["messages"] if m["role"] == "tool" and m["tool_call_id"] == call_id)
     return json.loads(message["content"])
-
-
-def events(saga: Saga, type: str) -> list[JournalEvent]:
-    return list(JournalEvent.objects.for_saga(saga.pk).filter(type=type))
 
 
 def test_wait_mode_returns_the_reply_as_the_tool_result(
@@ -75,7 +67,7 @@ def test_wait_mode_returns_the_reply_as_the_tool_result(
     }
     # The reply was the tool result, so it is not shown again as a steering message.
     assert not any(result["request_id"] in str(m.get("content")) for m in third["messages"] if m["role"] == "user")
-    assert [e.data["status"] for e in events(saga, "worker_end")] == ["completed"]
+    assert [e.data["status"] for e in events_of(saga, "worker_end")] == ["completed"]
 
 
 def test_async_mode_delivers_the_reply_in_a_later_turn(
@@ -113,9 +105,9 @@ def test_a_failing_model_falls_back_to_the_next_and_each_failure_is_journaled(
     run = wait_until(lambda: finished(ann), timeout=30, what="ann's run to finish")
 
     assert run.status == Run.Status.COMPLETED
-    fallbacks = [(e.data["role"], e.data["model"], e.data["error_class"]) for e in events(saga, "model_fallback")]
+    fallbacks = [(e.data["role"], e.data["model"], e.data["error_class"]) for e in events_of(saga, "model_fallback")]
     assert fallbacks == [("Ann", "m-500", "InternalServerError"), ("Ann", "m-hang", "APITimeoutError")]
-    assert [e.data["model"] for e in events(saga, "llm_call")] == ["m-ok"]
+    assert [e.data["model"] for e in events_of(saga, "llm_call")] == ["m-ok"]
 
 
 def test_when_every_candidate_fails_the_run_ends_failed_not_crashed(
@@ -130,12 +122,12 @@ def test_when_every_candidate_fails_the_run_ends_failed_not_crashed(
 
     assert run.status == Run.Status.FAILED
     assert run.error == "Every model candidate failed."
-    assert [e.data["error_class"] for e in events(saga, "model_fallback")] == [
+    assert [e.data["error_class"] for e in events_of(saga, "model_fallback")] == [
         "InternalServerError",
         "RateLimitError",
         "MalformedResponse",
     ]
-    assert [(e.data["status"], e.data["error"]) for e in events(saga, "worker_end")] == [
+    assert [(e.data["status"], e.data["error"]) for e in events_of(saga, "worker_end")] == [
         ("failed", "Every model candidate failed.")
     ]
 
@@ -152,7 +144,7 @@ def test_a_vision_run_skips_text_only_candidates_before_calling_them(
 
     assert run.status == Run.Status.COMPLETED
     assert fake_llm.calls_for("text-only") == []
-    assert [e.data["model"] for e in events(saga, "model_skipped")] == ["text-only"]
+    assert [e.data["model"] for e in events_of(saga, "model_skipped")] == ["text-only"]
 
 
 def test_a_malformed_tool_call_gets_an_error_result_not_a_crash(
@@ -212,10 +204,10 @@ def test_a_worker_killed_during_a_model_call_is_recovered_without_duplicate_effe
     for request in sent:
         assert SteeringItem.objects.filter(request=request, recipient=echo, kind="request").count() == 1
         assert SteeringItem.objects.filter(request=request, recipient=ann, kind="response").count() == 1
-    assert len(events(saga, "request.created")) == 2
-    assert len(events(saga, "request.completed")) == 2
+    assert len(events_of(saga, "request.created")) == 2
+    assert len(events_of(saga, "request.completed")) == 2
     # The turn the crash cut short was reclaimed (on a busy machine a later lease may lapse too).
-    assert [e.data["turn"] for e in events(saga, "run.reclaimed")][:1] == [2]
+    assert [e.data["turn"] for e in events_of(saga, "run.reclaimed")][:1] == [2]
 
 
 def test_a_busy_recipient_gets_the_request_at_its_next_turn_not_during_the_current_one(
@@ -300,5 +292,5 @@ def test_a_worker_killed_during_tool_execution_is_recovered_without_duplicate_ef
     assert run.status == Run.Status.COMPLETED
     sent = AgentRequest.objects.filter(sender=ann)
     assert [(r.payload, r.status) for r in sent] == [({"n": 1}, "completed")]
-    assert len(events(saga, "request.created")) == 1
+    assert len(events_of(saga, "request.created")) == 1
     assert TranscriptEntry.objects.filter(run=run, message__tool_call_id="c1").count() == 1

@@ -68,6 +68,12 @@ def journal(saga: Saga, *, after: int = 0) -> list[tuple[str, str]]:
     return [(e.type, e.actor) for e in events if e.seq > after]
 
 
+def finished(collaborator: Collaborator) -> Run | None:
+    """Its run once the run has reached a terminal status, else None (for wait_until)."""
+    run = Run.objects.get(collaborator=collaborator)
+    return run if run.is_finished else None
+
+
 def events_of(saga: Saga, type: str) -> list[JournalEvent]:
     return list(JournalEvent.objects.for_saga(saga.pk).filter(type=type))
 
