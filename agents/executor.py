@@ -12,12 +12,12 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import close_old_connections, connection
 
 from agents import scripted
 from agents.models import AgentProfile, TranscriptEntry
 from agents.providers import Completion, ProviderError, provider_for
-from agents.tools import Call, Outcome, execute, schemas
+from agents.tools import Call, execute, schemas
 from journal.actions import record
 from sagas import actions
 from sagas.models import AgentRequest, Run, SteeringItem
@@ -30,17 +30,19 @@ class LostTurn(Exception):
 
 
 class Heartbeat(threading.Thread):
-    """Renews the lease while a long turn (a slow model call) runs."""
+    """Renews the lease while a long turn (a slow model call) runs, following the turn number as
+    the task goes from one turn to the next."""
 
-    def __init__(self, run_id: str, turn: int) -> None:
-        super().__init__(daemon=True, name=f"heartbeat-{run_id}")
-        self.run_id, self.turn = run_id, turn
+    def __init__(self, turns: "Turns") -> None:
+        super().__init__(daemon=True, name=f"heartbeat-{turns.run.pk}")
+        self.turns = turns
         self.stopped = threading.Event()
 
     def run(self) -> None:
         try:
             while not self.stopped.wait(settings.AGORA_LEASE_S / 3):
-                if not actions.renew_lease(run_id=self.run_id, turn=self.turn):
+                turn = self.turns.turn
+                if not actions.renew_lease(run_id=self.turns.run.pk, turn=turn) and turn == self.turns.turn:
                     return  # taken over: the turn's next write finds out and stops (LostTurn)
         finally:
             connection.close()
@@ -54,26 +56,37 @@ def run_turn(run_id: str) -> None:
     run = actions.claim_turn(run_id=run_id)
     if run is None:
         return  # a redelivered doorbell, or another worker holds the run
-    heartbeat = Heartbeat(run.pk, run.turn)
+    turns = Turns(run)
+    heartbeat = Heartbeat(turns)
     heartbeat.start()
     try:
-        Turn(run).execute()
+        turns.execute()
     except LostTurn:
-        logger.info("turn %s of %s was taken over; stopping", run.turn, run.pk)
+        logger.info("turn %s of %s was taken over; stopping", turns.turn, run.pk)
     finally:
         heartbeat.stop()
         close_old_connections()
 
 
-class Turn:
+class Turns:
+    """The turns of one run that one task executes, back to back.
+
+    A turn is two transactions around the model call: the one that drains its input (which is also
+    the one that concluded the previous turn, when the task goes straight on) and the one that
+    stores the model's message with the effects and results of its tool calls. A crash in between
+    leaves the turn to be run again from its stored input; a crash inside either rolls it back whole.
+    A run with more to do keeps its worker for up to `AGORA_TURN_SLICE_S`, then goes back in line.
+    """
+
     def __init__(self, run: Run) -> None:
         self.run = run
         self.collaborator = run.collaborator
         self.saga_id = self.collaborator.saga_id
         self.turn = run.turn
         self.profile = AgentProfile.objects.filter(name=self.collaborator.profile).first()
-        # The run's transcript, read once per turn and extended by append(): while this turn holds
-        # the run's lease nobody else writes it, and a turn whose write fails ends with the exception.
+        self.slice_ends = time.monotonic() + settings.AGORA_TURN_SLICE_S
+        # The run's transcript, read once and extended by append(): while this task holds the
+        # run's lease nobody else writes it, and a task whose write fails ends with the exception.
         self.history: list[dict[str, Any]] | None = None
         self.last_seq = 0
         self.tokens = 0
@@ -81,81 +94,100 @@ class Turn:
     # --- the shape of a turn ----------------------------------------------------------------
 
     def execute(self) -> None:
+        with actions.saga_transaction(self.saga_id):
+            self.check_lease()
+            go_on = self.begin()
+        while go_on:
+            completion, latency_ms = self.call_models(self.transcript())
+            with actions.saga_transaction(self.saga_id):
+                self.check_lease()
+                go_on = self.conclude(completion, latency_ms)
+
+    def begin(self) -> bool:
+        """Start the turn: budgets, a parked wait's result, its input. False when the turn ended here."""
         if self.profile is None:
-            self.finish(Run.Status.FAILED, error=f"No agent profile {self.collaborator.profile!r}.")
-            return
+            return self.finish(Run.Status.FAILED, error=f"No agent profile {self.collaborator.profile!r}.")
         if self.turn > self.profile.max_turns:
-            self.finish(Run.Status.FAILED, error=f"Turn budget of {self.profile.max_turns} turns exhausted.")
-            return
+            return self.finish(Run.Status.FAILED, error=f"Turn budget of {self.profile.max_turns} turns exhausted.")
         if self.tokens_used() >= self.profile.max_tokens:
-            self.finish(Run.Status.FAILED, error=f"Token budget of {self.profile.max_tokens} tokens exhausted.")
-            return
+            return self.finish(Run.Status.FAILED, error=f"Token budget of {self.profile.max_tokens} tokens exhausted.")
         if self.turn == 1 and not self.transcript():
             self.journal("worker_start", {"role": self.profile.role, "task": self.collaborator.task})
-        if self.run.waiting_on_id:
-            self.resume_wait()
-        if self.finish_interrupted_calls():
-            return
+        resumed = bool(self.run.waiting_on_id) and self.resume_wait()
+        interrupted = self.interrupted_calls()
+        if interrupted and self.run_calls(interrupted):
+            return False
         fresh = self.take_input()
         history = self.transcript()
-        if not fresh and history and history[-1]["role"] == "assistant":
-            actions.end_turn(run_id=self.run.pk, turn=self.turn, more=False)  # nothing new to think about
-            return
-        completion = self.call_models(history)
+        if not (fresh or resumed or interrupted) and history and history[-1]["role"] == "assistant":
+            return self.end(more=False)  # nothing new to think about
+        return True
+
+    def conclude(self, completion: Completion | None, latency_ms: float) -> bool:
+        """Store the model's message, run its tool calls, then end the turn or begin the next."""
         if completion is None:
-            self.finish(Run.Status.FAILED, error="Every model candidate failed.")
-            return
+            return self.finish(Run.Status.FAILED, error="Every model candidate failed.")
+        self.journal(
+            "llm_call",
+            {"model": completion.model, "latency_ms": latency_ms, "prompt_tokens": completion.prompt_tokens,
+             "completion_tokens": completion.completion_tokens,
+             "tool_calls": [c["name"] for c in completion.tool_calls]},
+        )  # fmt: skip
         self.append([completion.as_message()], tokens=completion.prompt_tokens + completion.completion_tokens)
         if self.run_calls(completion.tool_calls):
-            return
-        actions.end_turn(run_id=self.run.pk, turn=self.turn, more=bool(completion.tool_calls))
+            return False
+        return self.end(more=bool(completion.tool_calls))
+
+    def end(self, *, more: bool) -> bool:
+        """End the turn; True when this task goes straight on with the next one."""
+        carry_on = time.monotonic() < self.slice_ends
+        status = actions.end_turn(run=self.run, turn=self.turn, more=more, carry_on=carry_on)
+        if status != Run.Status.RUNNING:
+            return False
+        self.turn += 1
+        return self.begin()
 
     def run_calls(self, calls: list[dict[str, Any]]) -> bool:
         """Run tool calls in order; True when the turn is over (the run parked or finished)."""
+        assert self.profile is not None
         for tool_call in calls:
-            outcome = self.run_tool(tool_call)
+            call = Call(run=self.run, collaborator=self.collaborator, turn=self.turn, call_id=tool_call["id"])
+            outcome = execute(call, tool_call["name"], tool_call["arguments"], self.profile.tools)
             if outcome.finished:
                 self.finish(Run.Status.COMPLETED, result=outcome.extra.get("result"))
                 return True
             if outcome.result is None:
-                actions.end_turn(run_id=self.run.pk, turn=self.turn, more=False)
+                actions.end_turn(run=self.run, turn=self.turn, more=False)
                 return True
+            self.append([tool_message(tool_call["id"], outcome.result)])
         return False
 
-    def finish_interrupted_calls(self) -> bool:
-        """After a crash mid-tools: run the calls of the last model message that have no result."""
+    def interrupted_calls(self) -> list[dict[str, Any]]:
+        """The calls of the last model message that have no result: those after a call that parked."""
         history = self.transcript()
         last = next((i for i in range(len(history) - 1, -1, -1) if history[i]["role"] == "assistant"), None)
         if last is None or not history[last].get("tool_calls"):
-            return False
+            return []
         answered = {m.get("tool_call_id") for m in history[last + 1 :] if m["role"] == "tool"}
-        missing = [
+        return [
             {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
             for c in history[last]["tool_calls"]
             if c["id"] not in answered
         ]
-        if not missing:
-            return False
-        if self.run_calls(missing):
-            return True
-        actions.end_turn(run_id=self.run.pk, turn=self.turn, more=True)
-        return True
 
     # --- input ------------------------------------------------------------------------------
 
     def take_input(self) -> bool:
-        """Drain steering into the transcript in one transaction (acknowledged by injection)."""
-        with transaction.atomic():
-            self.check_lease()
-            messages: list[dict[str, Any]] = []
-            if not self.transcript():
-                messages.append({"role": "system", "content": self.system_prompt()})
-                messages.append({"role": "user", "content": self.first_input()})
-            items = actions.consume_steering(recipient=self.collaborator, turn=self.turn)
-            if items:
-                messages.append({"role": "user", "content": "\n\n".join(render(item) for item in items)})
-            self.append(messages, leased=True)
-            return bool(messages)
+        """Drain steering into the transcript (acknowledged by injection: same transaction)."""
+        messages: list[dict[str, Any]] = []
+        if not self.transcript():
+            messages.append({"role": "system", "content": self.system_prompt()})
+            messages.append({"role": "user", "content": self.first_input()})
+        items = actions.consume_steering(recipient=self.collaborator, turn=self.turn)
+        if items:
+            messages.append({"role": "user", "content": "\n\n".join(render(item) for item in items)})
+        self.append(messages)
+        return bool(messages)
 
     def system_prompt(self) -> str:
         assert self.profile is not None
@@ -172,29 +204,30 @@ class Turn:
             handoff["from"] = delegation.delegator.handle
         return scripted.header(kind="handoff", **{"from": handoff.get("from", "")}) + "\n" + json.dumps(handoff)
 
-    def resume_wait(self) -> None:
+    def resume_wait(self) -> bool:
         """The parked `ask_agent(mode="wait")` gets its result: the reply, or `timed_out`."""
-        with transaction.atomic():
-            self.check_lease()
-            run = Run.objects.select_related("waiting_on__recipient").get(pk=self.run.pk)
-            request = run.waiting_on
-            assert request is not None
-            if request.is_open:
-                result: dict[str, Any] = {"request_id": request.pk, "status": "pending", "timed_out": True}
-            else:
-                result = actions.outcome(request)
-                # The reply was given as this call's result; it is not rendered again from steering.
-                SteeringItem.objects.filter(
-                    recipient=self.collaborator, request=request, consumed_at__isnull=True
-                ).update(consumed_turn=self.turn, consumed_at=request.updated_at)
-            self.append([tool_message(run.wait_tool_call_id, result)], leased=True)
-            Run.objects.filter(pk=run.pk).update(waiting_on=None, wait_tool_call_id="")
+        run = Run.objects.select_related("waiting_on__recipient").get(pk=self.run.pk)
+        request = run.waiting_on
+        if request is None:
+            return False
+        if request.is_open:
+            result: dict[str, Any] = {"request_id": request.pk, "status": "pending", "timed_out": True}
+        else:
+            result = actions.outcome(request)
+            # The reply was given as this call's result; it is not rendered again from steering.
+            SteeringItem.objects.filter(recipient=self.collaborator, request=request, consumed_at__isnull=True).update(
+                consumed_turn=self.turn, consumed_at=request.updated_at
+            )
+        self.append([tool_message(run.wait_tool_call_id, result)])
+        Run.objects.filter(pk=run.pk).update(waiting_on=None, wait_tool_call_id="")
         self.run.waiting_on_id = None
+        return True
 
     # --- the model --------------------------------------------------------------------------
 
-    def call_models(self, history: list[dict[str, Any]]) -> Completion | None:
-        """Each candidate in order; a failed one is journaled and the next is tried."""
+    def call_models(self, history: list[dict[str, Any]]) -> tuple[Completion | None, float]:
+        """Each candidate in order, outside any transaction; a failed one is journaled at once and
+        the next is tried. Returns the completion and its latency in milliseconds."""
         assert self.profile is not None
         tools = schemas(self.profile.tools)
         for model in self.profile.candidates:
@@ -215,44 +248,22 @@ class Turn:
                      "retryable": exc.retryable, "error": str(exc)[:500]},
                 )  # fmt: skip
                 continue
-            self.journal(
-                "llm_call",
-                {"model": model, "latency_ms": round((time.perf_counter() - started) * 1000, 1),
-                 "prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens,
-                 "tool_calls": [c["name"] for c in completion.tool_calls]},
-            )  # fmt: skip
-            return completion
-        return None
+            return completion, round((time.perf_counter() - started) * 1000, 1)
+        return None, 0.0
 
-    # --- tools and the end ------------------------------------------------------------------
+    # --- the end ----------------------------------------------------------------------------
 
-    def run_tool(self, tool_call: dict[str, Any]) -> Outcome:
-        assert self.profile is not None
-        with transaction.atomic():
-            self.check_lease()
-            call = Call(run=self.run, collaborator=self.collaborator, turn=self.turn, call_id=tool_call["id"])
-            outcome = execute(call, tool_call["name"], tool_call["arguments"], self.profile.tools)
-            if outcome.result is not None:
-                self.append([tool_message(tool_call["id"], outcome.result)], leased=True)
-            return outcome
-
-    def finish(self, status: str, *, result: Any = None, error: str = "") -> None:
-        with transaction.atomic():
-            self.check_lease()
-            actions.finish_run(run=self.run, status=status, result=result, error=error)
-            self.journal("worker_end", {"status": status, "result": result, "error": error})
+    def finish(self, status: str, *, result: Any = None, error: str = "") -> bool:
+        actions.finish_run(run=self.run, status=status, result=result, error=error)
+        self.journal("worker_end", {"status": status, "result": result, "error": error})
+        return False
 
     # --- persistence ------------------------------------------------------------------------
 
     def check_lease(self) -> None:
-        """Inside a transaction: take the saga's lock, as every kernel write does first (one lock
-        order, no deadlocks), then make sure this worker still holds the turn."""
-        actions.lock_saga(self.saga_id)
-        if (
-            not Run.objects.select_for_update(no_key=True)
-            .filter(pk=self.run.pk, status=Run.Status.RUNNING, turn=self.turn)
-            .exists()
-        ):
+        """First in each transaction, under the saga's lock (taken first, as by every kernel write:
+        one lock order, no deadlocks): renew the lease, which proves this task still holds it."""
+        if not actions.renew_lease(run_id=self.run.pk, turn=self.turn):
             raise LostTurn
 
     def transcript(self) -> list[dict[str, Any]]:
@@ -262,23 +273,19 @@ class Turn:
             for seq, message, tokens in rows:
                 self.history.append(message)
                 self.last_seq, self.tokens = seq, self.tokens + tokens
-        return list(self.history)
+        return self.history
 
-    def append(self, messages: list[dict[str, Any]], *, tokens: int = 0, leased: bool = False) -> None:
-        """Add messages to the transcript; `leased`: the caller's transaction has checked the lease."""
+    def append(self, messages: list[dict[str, Any]], *, tokens: int = 0) -> None:
+        """Add messages to the transcript, in the caller's transaction (which checked the lease)."""
         if not messages:
             return
-        with transaction.atomic():
-            if not leased:
-                self.check_lease()
-            self.transcript()
-            start = self.last_seq + 1
-            TranscriptEntry.objects.bulk_create(
-                TranscriptEntry(run=self.run, seq=start + i, turn=self.turn, message=m, tokens=tokens if i == 0 else 0)
-                for i, m in enumerate(messages)
-            )
-        assert self.history is not None
-        self.history.extend(messages)
+        history = self.transcript()
+        start = self.last_seq + 1
+        TranscriptEntry.objects.bulk_create(
+            TranscriptEntry(run=self.run, seq=start + i, turn=self.turn, message=m, tokens=tokens if i == 0 else 0)
+            for i, m in enumerate(messages)
+        )
+        history.extend(messages)
         self.last_seq, self.tokens = start + len(messages) - 1, self.tokens + tokens
 
     def tokens_used(self) -> int:

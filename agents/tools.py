@@ -51,7 +51,7 @@ def ask_agent(
     )  # fmt: skip
     if mode != AgentRequest.Mode.WAIT:
         return Outcome({"request_id": request.pk, "status": request.status})
-    actions.park_on_request(run_id=call.run.pk, turn=call.turn, request_id=request.pk, tool_call_id=call.call_id)
+    actions.park_on_request(run=call.run, turn=call.turn, request_id=request.pk, tool_call_id=call.call_id)
     return Outcome(None)
 
 

@@ -288,7 +288,7 @@ class Overhead:
     turn_ms: list[float] = field(default_factory=list)
     model_ms: list[float] = field(default_factory=list)
     cpu_ms: list[float] = field(default_factory=list)
-    queries: list[int] = field(default_factory=list)
+    queries: list[float] = field(default_factory=list)
 
 
 def measure_overhead(agora: Agora, asks: int, profile: cProfile.Profile | None) -> Overhead:
@@ -333,12 +333,15 @@ def measure_overhead(agora: Agora, asks: int, profile: cProfile.Profile | None) 
                 queries = count[0]
                 calls = JournalEvent.objects.filter(saga=saga, seq__gt=after, run_id=run_id, type="llm_call")
                 latencies = [e.data["latency_ms"] for e in calls]
-                if latencies:  # a turn that called the model (not one that found nothing to do)
-                    result.turn_ms.append(elapsed)
-                    result.model_ms.append(sum(latencies))
-                    result.overhead_ms.append(elapsed - sum(latencies))
-                    result.cpu_ms.append(cpu - sum(latencies))
-                    result.queries.append(queries)
+                # One task runs consecutive turns of its run: each turn that called the model is
+                # charged an equal share of the task's time (turns without a model call included).
+                n = len(latencies)
+                for _ in range(n):
+                    result.turn_ms.append(elapsed / n)
+                    result.model_ms.append(sum(latencies) / n)
+                    result.overhead_ms.append((elapsed - sum(latencies)) / n)
+                    result.cpu_ms.append((cpu - sum(latencies)) / n)
+                    result.queries.append(queries / n)
     keeper.close()
     return result
 
@@ -360,12 +363,12 @@ def row(label: str, values: list[str]) -> None:
 
 def print_overhead(overhead: Overhead) -> None:
     print(f"runtime overhead per turn, in process, {len(overhead.overhead_ms)} turns with a model call:")
-    row("whole turn (run_turn): median ms", [f"{med(overhead.turn_ms):.2f}"])
+    row("whole turn (run_turn time / model calls): median ms", [f"{med(overhead.turn_ms):.2f}"])
     row("model call (llm_call latency_ms): median ms", [f"{med(overhead.model_ms):.2f}"])
     row("overhead (turn minus model call): median ms", [f"{med(overhead.overhead_ms):.2f}"])
     row("overhead: p95 ms", [f"{p95(overhead.overhead_ms):.2f}"])
     row("overhead in CPU time (all threads of the process): median ms", [f"{med(overhead.cpu_ms):.2f}"])
-    row("SQL queries per turn: median", [f"{med([float(q) for q in overhead.queries]):.0f}"])
+    row("SQL statements per turn: median", [f"{med(overhead.queries):.0f}"])
 
 
 def print_table(args: argparse.Namespace, results: dict[int, list[Round]], overhead: Overhead) -> None:

@@ -1,6 +1,7 @@
 """The journal's only writer."""
 
 import asyncio
+import atexit
 import logging
 import os
 import threading
@@ -10,7 +11,6 @@ from uuid import UUID
 
 from channels.layers import get_channel_layer
 from django.db import connection, transaction
-from redis.exceptions import RedisError
 
 from journal.models import JournalEvent, JournalHead
 
@@ -48,39 +48,76 @@ def record(
 
 
 PUBLISH_TIMEOUT_S = 5.0
-_loop_lock = threading.Lock()
-_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+PUBLISH_BACKLOG_MAX = 10_000
 
 
-def publishing_loop() -> asyncio.AbstractEventLoop:
-    """This process's event loop for publishing, on a daemon thread.
+class Publisher:
+    """This process's journal publisher: one event loop on a daemon thread that sends events to
+    the channel layer one after another, in the order they were committed.
 
-    One loop for the process's lifetime, so the channel layer keeps its Redis connections: the
-    layer pools connections per event loop, and `async_to_sync` would start a thread, a loop and a
-    new connection for every event (a few milliseconds each, several times per turn). Made anew in
-    a forked child (a Celery pool process), where the parent's thread does not exist.
+    The committing thread only hands the event over: a turn does not wait for the dashboard's
+    fan-out. One loop for the process's lifetime, so the channel layer keeps its Redis connections
+    (the layer pools connections per event loop). Made anew in a forked child (a Celery pool
+    process), where the parent's thread does not exist. At most once, like every publish here: a
+    listener that misses an event reads it back from the database.
     """
-    global _loop
-    with _loop_lock:
-        if _loop is None or _loop[0] != os.getpid():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="journal-publish", daemon=True).start()
-            _loop = (os.getpid(), loop)
-        return _loop[1]
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(PUBLISH_BACKLOG_MAX)
+        threading.Thread(target=self.loop.run_forever, name="journal-publish", daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self.drain(), self.loop)
+
+    def submit(self, saga_id: UUID | str, event: dict[str, Any]) -> None:
+        self.loop.call_soon_threadsafe(self.enqueue, str(saga_id), event)
+
+    def enqueue(self, saga_id: str, event: dict[str, Any]) -> None:
+        try:
+            self.queue.put_nowait((saga_id, event))
+        except asyncio.QueueFull:
+            logger.warning("journal publish for saga %s seq %s dropped: backlog full", saga_id, event["seq"])
+
+    async def drain(self) -> None:
+        while True:
+            saga_id, event = await self.queue.get()
+            try:
+                layer = get_channel_layer()
+                if layer is not None:
+                    message = {"type": "journal.event", "event": event}
+                    await asyncio.wait_for(layer.group_send(group_name(saga_id), message), PUBLISH_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - Redis down, a timeout, a full channel: log and go on
+                logger.warning("journal publish for saga %s seq %s failed: %s", saga_id, event["seq"], exc)
+            finally:
+                self.queue.task_done()
+
+    def flush(self, timeout: float) -> None:
+        """Wait until every event handed over so far was sent (or failed)."""
+        try:
+            asyncio.run_coroutine_threadsafe(self.queue.join(), self.loop).result(timeout)
+        except TimeoutError:
+            logger.warning("journal publish: %s events still unsent", self.queue.qsize())
+
+
+_publisher_lock = threading.Lock()
+_publisher: Publisher | None = None
+
+
+def publisher() -> Publisher:
+    global _publisher
+    with _publisher_lock:
+        if _publisher is None or _publisher.pid != os.getpid():
+            _publisher = Publisher()
+        return _publisher
 
 
 def publish(saga_id: UUID | str, event: dict[str, Any]) -> None:
-    """Ring the saga's live listeners. At most once: a listener that misses it re-reads the database.
+    """Ring the saga's live listeners, without waiting for the send."""
+    publisher().submit(saga_id, event)
 
-    Waits for the send, so one process's events leave in commit order.
-    """
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    message = {"type": "journal.event", "event": event}
-    future = asyncio.run_coroutine_threadsafe(layer.group_send(group_name(saga_id), message), publishing_loop())
-    try:
-        future.result(timeout=PUBLISH_TIMEOUT_S)
-    except (OSError, RedisError) as exc:  # TimeoutError is an OSError
-        future.cancel()
-        logger.warning("journal publish for saga %s seq %s failed: %s", saga_id, event["seq"], exc)
+
+@atexit.register
+def flush_at_exit() -> None:
+    """A process that exits normally sends what it committed first."""
+    if _publisher is not None and _publisher.pid == os.getpid():
+        _publisher.flush(PUBLISH_TIMEOUT_S)

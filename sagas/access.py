@@ -124,7 +124,16 @@ def sync_address_grants(saga: Saga) -> None:
 
 
 def may_address(sender: Collaborator, recipient: Collaborator) -> bool:
-    return bool(sender.user.has_perm(f"sagas.{ADDRESS_PERM}", recipient))
+    """The `address_collaborator` object permission, in one query: agents hold it directly (never
+    through a group), and the ask path reads it on every request."""
+    return sender.user.is_active and (
+        UserObjectPermission.objects.filter(
+            user_id=sender.user_id,
+            permission__codename=ADDRESS_PERM,
+            permission__content_type__app_label=Collaborator._meta.app_label,
+            object_pk=str(recipient.pk),
+        ).exists()
+    )
 
 
 def may_manage(user: Any, saga: Saga) -> bool:

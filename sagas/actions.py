@@ -8,13 +8,15 @@ head, so taking that place in line first costs nothing and rules out lock-order 
 import hashlib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import F, Max
+from django.db import connection, transaction
+from django.db.models import Count, F, Max, Q
 from django.utils import timezone
 from guardian.shortcuts import assign_perm
 
@@ -40,7 +42,15 @@ TYPE_MAX = 100
 Status = AgentRequest.Status
 
 
+# The saga whose row lock the current transaction holds, set by saga_transaction(): the actions
+# called inside it find the lock taken and do not ask for it again.
+_held_lock: ContextVar[Saga | None] = ContextVar("held_saga_lock", default=None)
+
+
 def lock_saga(saga_id: Any) -> Saga:
+    held = _held_lock.get()
+    if held is not None and str(held.pk) == str(saga_id):
+        return held
     # NO KEY UPDATE: writers of one saga queue here, but inserts that merely reference the saga
     # (journal events, requests) take KEY SHARE on it and must not wait behind us, or a writer
     # holding a journal head while inserting its event deadlocks with us.
@@ -48,6 +58,19 @@ def lock_saga(saga_id: Any) -> Saga:
     if saga is None:
         raise errors.NotFound(f"No saga {saga_id}.")
     return saga
+
+
+@contextmanager
+def saga_transaction(saga_id: Any) -> Iterator[Saga]:
+    """A transaction that takes the saga's lock first and holds it to the end, for callers that
+    run several actions in one transaction (a turn of an internal run)."""
+    with transaction.atomic():
+        saga = lock_saga(saga_id)
+        token = _held_lock.set(saga)
+        try:
+            yield saga
+        finally:
+            _held_lock.reset(token)
 
 
 def payload_size(payload: Any) -> int:
@@ -212,6 +235,11 @@ def find_collaborator(saga: Saga, handle: str) -> Collaborator | None:
 # --- steering ----------------------------------------------------------------------------------
 
 
+_NEXT_STEERING_SEQ_SQL = (
+    f"UPDATE {Collaborator._meta.db_table} SET steering_seq = steering_seq + 1 WHERE id = %s RETURNING steering_seq"
+)
+
+
 def push_steering(
     *,
     recipient: Collaborator,
@@ -222,8 +250,9 @@ def push_steering(
     payload: Any = None,
 ) -> SteeringItem:
     """Append to the recipient's steering and wake it after commit; never interrupts a running turn."""
-    Collaborator.objects.filter(pk=recipient.pk).update(steering_seq=F("steering_seq") + 1)
-    seq = Collaborator.objects.values_list("steering_seq", flat=True).get(pk=recipient.pk)
+    with connection.cursor() as cursor:
+        cursor.execute(_NEXT_STEERING_SEQ_SQL, [recipient.pk])
+        (seq,) = cursor.fetchone()
     item = SteeringItem.objects.create(
         recipient=recipient, seq=seq, kind=kind, sender=sender, request=request, human_request=human_request,
         payload=payload,
@@ -355,15 +384,15 @@ def ask_agent(
     run = recipient.run
     if run.is_finished and not run.resumable:
         raise errors.RecipientUnavailable(f"{to} has {run.status} and cannot resume.")
-    open_sent = AgentRequest.objects.filter(sender=sender, status__in=AgentRequest.OPEN)
-    if open_sent.count() >= settings.AGORA_MAX_PENDING_PER_SENDER:
+    open_requests = AgentRequest.objects.filter(Q(sender=sender) | Q(recipient=sender), status__in=AgentRequest.OPEN)
+    counts = open_requests.aggregate(
+        sent=Count("pk", filter=Q(sender=sender)), hop=Max("hop", filter=Q(recipient=sender))
+    )
+    if counts["sent"] >= settings.AGORA_MAX_PENDING_PER_SENDER:
         raise errors.TooManyPending(
             f"{sender.handle} already has {settings.AGORA_MAX_PENDING_PER_SENDER} open requests."
         )
-    inbound_hop = AgentRequest.objects.filter(recipient=sender, status__in=AgentRequest.OPEN).aggregate(h=Max("hop"))[
-        "h"
-    ]
-    hop = (inbound_hop or 0) + 1
+    hop = (counts["hop"] or 0) + 1
     if hop > settings.AGORA_MAX_HOPS:
         raise errors.HopLimit(f"This would be hop {hop}; the limit is {settings.AGORA_MAX_HOPS}.")
     check_backlog(recipient)
@@ -377,15 +406,7 @@ def ask_agent(
         wait_deadline=now + timedelta(seconds=wait_s) if mode == AgentRequest.Mode.WAIT else None,
         expires_at=now + timedelta(seconds=settings.AGORA_REQUEST_TTL_S),
     )  # fmt: skip
-    try:
-        with transaction.atomic():
-            request.save(force_insert=True)
-    except IntegrityError:
-        # Another delivery of the same key committed first: answer with its request.
-        first = replay(sender, idempotency_key, digest) if idempotency_key else None
-        if first is None:
-            raise
-        return first, False
+    request.save(force_insert=True)  # a second delivery of its key waited on the saga lock and replays it
     # A finished run reaching this point is resumable: the new request restarts it.
     resumed = run.is_finished and Run.objects.filter(pk=run.pk, status__in=Run.FINISHED).update(status=Run.Status.IDLE)
     push_steering(
@@ -489,12 +510,9 @@ def reply_to_request(*, request_id: str, by: User, payload: Any = None, error: A
     check_payload(payload if error is None else error)
     status = Status.COMPLETED if error is None else Status.FAILED
     err = None if error is None else normalise_error(error)
-    if not AgentRequest.objects.filter(pk=request.pk, status__in=AgentRequest.OPEN).update(
-        status=status, reply=payload, error=err, wait_deadline=None, updated_at=timezone.now()
-    ):
+    if not settle(request, status, reply=payload, error=err):
         request.refresh_from_db()
         raise closed_error(request)
-    request.refresh_from_db(fields=CLOSED_FIELDS)
     close_request(request, actor=request.recipient.handle, notify_recipient=False)
     return request
 
@@ -505,9 +523,15 @@ def normalise_error(error: Any) -> dict[str, Any]:
     return {"code": "error", "message": str(error)}
 
 
-# What a terminal transition writes. Refreshing only these keeps the sender and recipient that
-# were loaded with the request, which close_request() reads (two queries fewer per reply).
-CLOSED_FIELDS = ["status", "reply", "error", "wait_deadline", "updated_at"]
+def settle(request: AgentRequest, status: str, *, where: Q | None = None, **fields: Any) -> bool:
+    """Compare-and-set an open request to a terminal status. The one that wins also updates the
+    object it holds (loaded with its sender and recipient, which close_request() reads)."""
+    changes = {"status": status, "wait_deadline": None, "updated_at": timezone.now(), **fields}
+    if not AgentRequest.objects.filter(where or Q(), pk=request.pk, status__in=AgentRequest.OPEN).update(**changes):
+        return False
+    for name, value in changes.items():
+        setattr(request, name, value)
+    return True
 
 
 def close_request(request: AgentRequest, *, actor: str, notify_recipient: bool) -> None:
@@ -525,7 +549,8 @@ def close_request(request: AgentRequest, *, actor: str, notify_recipient: bool) 
             recipient=request.recipient, kind=SteeringItem.Kind.NOTICE, sender=request.sender.handle, request=request,
             payload={"status": request.status},
         )  # fmt: skip
-    resume_waiter(request=request)
+    if request.mode == AgentRequest.Mode.WAIT:  # only a wait parks its sender's run
+        resume_waiter(request=request)
     publish_after_commit(request_channel(request.pk))
     record(
         saga_id=request.saga_id,
@@ -552,14 +577,11 @@ def cancel_request(*, request_id: str, by: User) -> AgentRequest:
     lock_saga(request.saga_id)
     if request.sender.user_id != by.pk:
         raise errors.Forbidden("Only the sender cancels a request.")
-    if not AgentRequest.objects.filter(pk=request.pk, status__in=AgentRequest.OPEN).update(
-        status=Status.CANCELLED, wait_deadline=None, updated_at=timezone.now()
-    ):
+    if not settle(request, Status.CANCELLED):
         request.refresh_from_db()
         if request.status == Status.CANCELLED:
             return request
         raise closed_error(request)
-    request.refresh_from_db(fields=CLOSED_FIELDS)
     close_request(request, actor=request.sender.handle, notify_recipient=True)
     return request
 
@@ -591,11 +613,8 @@ def expire_request(*, request_id: str) -> bool:
     if request is None:
         return False
     lock_saga(request.saga_id)
-    if not AgentRequest.objects.filter(
-        pk=request_id, status__in=AgentRequest.OPEN, expires_at__lte=timezone.now()
-    ).update(status=Status.EXPIRED, wait_deadline=None, updated_at=timezone.now()):
+    if not settle(request, Status.EXPIRED, where=Q(expires_at__lte=timezone.now())):
         return False
-    request.refresh_from_db(fields=CLOSED_FIELDS)
     close_request(request, actor="system", notify_recipient=True)
     return True
 
@@ -620,10 +639,7 @@ def finish_run(*, run: Run, status: str, result: Any = None, error: str = "", ac
     AgentRequest.objects.filter(sender=collaborator, wait_deadline__isnull=False).update(wait_deadline=None)
     stranded = AgentRequest.objects.filter(recipient=collaborator, status__in=AgentRequest.OPEN)
     for request in stranded.select_related("sender", "recipient"):
-        if AgentRequest.objects.filter(pk=request.pk, status__in=AgentRequest.OPEN).update(
-            status=Status.RECIPIENT_UNAVAILABLE, wait_deadline=None, updated_at=timezone.now()
-        ):
-            request.refresh_from_db(fields=CLOSED_FIELDS)
+        if settle(request, Status.RECIPIENT_UNAVAILABLE):
             close_request(request, actor=collaborator.handle, notify_recipient=False)
     record(
         saga_id=collaborator.saga_id,
@@ -794,38 +810,43 @@ def renew_lease(*, run_id: str, turn: int) -> bool:
 
 
 @transaction.atomic
-def park_on_request(*, run_id: str, turn: int, request_id: str, tool_call_id: str) -> None:
-    """Remember, with the request's creation, which tool call waits on it; the turn parks at its end."""
-    Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, turn=turn).update(
+def park_on_request(*, run: Run, turn: int, request_id: str, tool_call_id: str) -> None:
+    """Remember, with the request's creation, which tool call waits on it; the turn parks at its
+    end. The caller's run object learns it too: end_turn() reads it from there."""
+    Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, turn=turn).update(
         waiting_on_id=request_id, wait_tool_call_id=tool_call_id
     )
+    run.waiting_on_id, run.wait_tool_call_id = request_id, tool_call_id
 
 
 @transaction.atomic
-def end_turn(*, run_id: str, turn: int, more: bool) -> str | None:
-    """Leave `running`: wait on a request, come back for another turn, or go idle.
+def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str | None:
+    """Leave the turn: wait on a request, come back for another turn, or go idle. With `carry_on`,
+    a run that comes back keeps its worker: it stays `running` with the next turn number and a new
+    lease (returns `running`) instead of queueing for any worker. `run` is the turn's own object,
+    loaded with its collaborator and carrying what park_on_request() set.
 
     Under the saga lock, so a reply or a steering item that lands at the same instant either sees
     the run parked (and wakes it) or is seen here (and the run comes straight back).
     """
-    run = Run.objects.select_related("collaborator", "waiting_on").filter(pk=run_id).first()
-    if run is None:
-        return None
-    lock_saga(run.collaborator.saga_id)
-    mine = Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, turn=turn)
-    request = run.waiting_on
-    if request is not None:
-        request.refresh_from_db()
+    collaborator = run.collaborator
+    lock_saga(collaborator.saga_id)
+    mine = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, turn=turn)
+    if run.waiting_on_id:
+        request = AgentRequest.objects.get(pk=run.waiting_on_id)
         if request.is_open and request.wait_deadline is not None:
             if mine.update(status=Run.Status.WAITING, wait_until=request.wait_deadline, lease_until=None):
                 record_rest(run, Run.Status.WAITING, turn=turn, request_id=request.pk)
             return Run.Status.WAITING
         more = True  # answered (or timed out) before the turn even ended
-    unread = SteeringItem.objects.filter(recipient=run.collaborator, consumed_at__isnull=True).exists()
+    unread = not more and SteeringItem.objects.filter(recipient=collaborator, consumed_at__isnull=True).exists()
     status = Run.Status.QUEUED if more or unread else Run.Status.IDLE
+    if status == Run.Status.QUEUED and carry_on:
+        next_turn = mine.update(turn=F("turn") + 1, lease_until=lease_deadline(), updated_at=timezone.now())
+        return Run.Status.RUNNING if next_turn else None
     moved = mine.update(status=status, lease_until=None, updated_at=timezone.now())
     if moved and status == Run.Status.QUEUED:
-        ring_run_after_commit(run_id)
+        ring_run_after_commit(run.pk)
     elif moved:
         record_rest(run, status, turn=turn)
     return status

@@ -248,17 +248,15 @@ def test_a_worker_killed_during_tool_execution_is_recovered_without_duplicate_ef
     from sagas.tasks import reconcile
 
     echo = add_internal("echo", model="scripted:responder")
-    fake_llm.script(
-        "model-a",
-        GATE,
-        say("", tool_call("ask_agent", {"to": "agent:echo", "type": "echo.me", "payload": {"n": 1}}, "c1")),
-    )
+    ask = say("", tool_call("ask_agent", {"to": "agent:echo", "type": "echo.me", "payload": {"n": 1}}, "c1"))
+    # The killed turn's transaction rolls back whole, so its model call runs again and asks again.
+    fake_llm.script("model-a", GATE, ask, ask)
     fake_llm.rule("model-a", finish_once_answered("survived", "c2", meanwhile="Waiting."))
     ann = add_internal("ann", model="model-a")
     wait_until(lambda: len(fake_llm.calls_for("model-a")) == 1, what="ann's first model call")
 
-    # Hold the recipient's row so the ask blocks inside its transaction (once the model's message is
-    # stored), then kill the worker right there.
+    # Hold the recipient's row so the ask blocks inside the transaction that stores the model's
+    # message with its tool calls, then kill the worker right there.
     locked, done = threading.Event(), threading.Event()
 
     def hold_saga_lock() -> None:
@@ -273,7 +271,6 @@ def test_a_worker_killed_during_tool_execution_is_recovered_without_duplicate_ef
     try:
         locked.wait(10)
         fake_llm.gate.set()
-        wait_until(lambda: TranscriptEntry.objects.filter(run=run_of(ann), message__role="assistant").exists())
         with connection.cursor() as cursor:
             blocked = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
             wait_until(lambda: cursor.execute(blocked) or cursor.fetchone()[0] > 0, what="the tool to block")
@@ -294,3 +291,4 @@ def test_a_worker_killed_during_tool_execution_is_recovered_without_duplicate_ef
     assert [(r.payload, r.status) for r in sent] == [({"n": 1}, "completed")]
     assert len(events_of(saga, "request.created")) == 1
     assert TranscriptEntry.objects.filter(run=run, message__tool_call_id="c1").count() == 1
+    assert TranscriptEntry.objects.filter(run=run, message__role="assistant").count() == 3  # ask, wait, finish

@@ -87,8 +87,8 @@ def busy_saga(alice: User, bob: User) -> tuple[Saga, str]:
         sender=reviewer, to="agent:coder", type="code.review", payload={"pr": 482, "files": 9}, mode="wait",
         timeout_s=240,
     )  # fmt: skip
-    actions.park_on_request(run_id=run.pk, turn=run.turn, request_id=diff.pk, tool_call_id="call-1")
-    actions.end_turn(run_id=run.pk, turn=run.turn, more=False)
+    actions.park_on_request(run=run, turn=run.turn, request_id=diff.pk, tool_call_id="call-1")
+    actions.end_turn(run=run, turn=run.turn, more=False)
     actions.steer(saga=saga, to=coder, message="Keep v1 responses byte-identical for Acme.", by=alice)
     waiting, _ = actions.ask_human(
         asker=lead,

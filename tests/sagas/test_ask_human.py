@@ -273,7 +273,7 @@ def test_an_answer_wakes_an_idle_asker(make_team: MakeTeam, bob: User) -> None:
     run = claim_turn(run_id=team.run("coder").pk)
     assert run is not None
     human_request = form(team)
-    assert end_turn(run_id=run.pk, turn=1, more=False) == Run.Status.IDLE
+    assert end_turn(run=run, turn=1, more=False) == Run.Status.IDLE
 
     answer_human_request(human_request_id=human_request.pk, answer=GOOD, by=bob)
 

@@ -234,7 +234,7 @@ def test_a_run_coming_to_rest_is_journaled_and_shown(alice: User) -> None:
     run = actions.claim_turn(run_id=writer.run.pk)
     assert run is not None
     record(saga_id=saga.pk, type="worker_start", actor="agent:writer", run_id=run.pk, data={"role": "Writer"})
-    actions.end_turn(run_id=run.pk, turn=run.turn, more=False)
+    actions.end_turn(run=run, turn=run.turn, more=False)
 
     rest = saga.journal_events.get(type="run.idle")
     assert (rest.actor, rest.run_id, rest.data) == ("agent:writer", run.pk, {"turn": 1})

@@ -56,8 +56,8 @@ def park(team: Team, name: str, request: AgentRequest) -> Run:
         claimed = claim_turn(run_id=run.pk)
         assert claimed is not None
         run = claimed
-    park_on_request(run_id=run.pk, turn=run.turn, request_id=request.pk, tool_call_id="call-1")
-    assert end_turn(run_id=run.pk, turn=run.turn, more=False) == Run.Status.WAITING
+    park_on_request(run=run, turn=run.turn, request_id=request.pk, tool_call_id="call-1")
+    assert end_turn(run=run, turn=run.turn, more=False) == Run.Status.WAITING
     return run
 
 
@@ -193,7 +193,7 @@ def test_an_idle_internal_run_with_unread_steering_is_queued_and_rung(
     team = make_team(internal=["coder", "reviewer"])
     for name in ("coder", "reviewer"):
         run = claim_turn(run_id=team.run(name).pk)
-        assert run is not None and end_turn(run_id=run.pk, turn=1, more=False) == Run.Status.IDLE
+        assert run is not None and end_turn(run=run, turn=1, more=False) == Run.Status.IDLE
     ask(team, to="coder")
     # Arrange what a lost race would leave: idle, with an unread item (wake() normally queues it).
     Run.objects.filter(pk=team.run("coder").pk).update(status=Run.Status.IDLE)
@@ -218,7 +218,7 @@ def test_a_run_parked_past_its_deadline_is_queued(make_team: MakeTeam, clock: Cl
     team = make_team(internal=["coder"])
     run = claim_turn(run_id=team.run("coder").pk)
     assert run is not None
-    end_turn(run_id=run.pk, turn=1, more=False)
+    end_turn(run=run, turn=1, more=False)
     # A parked run with no request edge for end_wait to find: only its own deadline frees it.
     Run.objects.filter(pk=run.pk).update(status=Run.Status.WAITING, wait_until=clock.now + timedelta(seconds=30))
     clock.advance(31)
@@ -308,7 +308,7 @@ def test_after_redis_is_flushed_the_reconciler_restores_delivery(
 ) -> None:
     team = make_team(internal=["coder"])
     coder_run = claim_turn(run_id=team.run("coder").pk)
-    assert coder_run is not None and end_turn(run_id=coder_run.pk, turn=1, more=False) == Run.Status.IDLE
+    assert coder_run is not None and end_turn(run=coder_run, turn=1, more=False) == Run.Status.IDLE
     Redis.from_url(redis_url).flushdb()  # forget the first turn's doorbell
     request = ask(team)
     assert team.run("coder").status == Run.Status.QUEUED

@@ -181,8 +181,8 @@ def test_a_reply_resumes_a_sender_parked_on_it(
     lead_run = claim_turn(run_id=team.run("lead").pk)
     assert lead_run is not None and lead_run.turn == 1
     request = ask(team, mode="wait", timeout_s=60)
-    park_on_request(run_id=lead_run.pk, turn=1, request_id=request.pk, tool_call_id="call-1")
-    assert end_turn(run_id=lead_run.pk, turn=1, more=False) == Run.Status.WAITING
+    park_on_request(run=lead_run, turn=1, request_id=request.pk, tool_call_id="call-1")
+    assert end_turn(run=lead_run, turn=1, more=False) == Run.Status.WAITING
     parked = team.run("lead")
     assert (parked.waiting_on_id, parked.wait_until) == (request.pk, request.wait_deadline)
 
@@ -199,10 +199,10 @@ def test_a_turn_that_ends_after_its_wait_was_answered_does_not_park(make_team: M
     lead_run = claim_turn(run_id=team.run("lead").pk)
     assert lead_run is not None
     request = ask(team, mode="wait")
-    park_on_request(run_id=lead_run.pk, turn=1, request_id=request.pk, tool_call_id="call-1")
+    park_on_request(run=lead_run, turn=1, request_id=request.pk, tool_call_id="call-1")
     reply_to_request(request_id=request.pk, by=team.user("coder"), payload={"fast": True})
 
-    assert end_turn(run_id=lead_run.pk, turn=1, more=False) == Run.Status.QUEUED
+    assert end_turn(run=lead_run, turn=1, more=False) == Run.Status.QUEUED
 
 
 # --- cancellation ------------------------------------------------------------------------------
@@ -364,8 +364,8 @@ def test_finishing_resumes_senders_parked_on_the_finished_recipient(make_team: M
     lead_run = claim_turn(run_id=team.run("lead").pk)
     assert lead_run is not None
     request = ask(team, mode="wait")
-    park_on_request(run_id=lead_run.pk, turn=1, request_id=request.pk, tool_call_id="call-1")
-    end_turn(run_id=lead_run.pk, turn=1, more=False)
+    park_on_request(run=lead_run, turn=1, request_id=request.pk, tool_call_id="call-1")
+    end_turn(run=lead_run, turn=1, more=False)
 
     finish_run(run=team.run("coder"), status=Run.Status.FAILED, error="crashed")
 

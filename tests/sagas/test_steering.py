@@ -178,7 +178,7 @@ def test_a_busy_recipient_gets_the_request_at_its_next_turn_not_during_this_one(
     assert AgentRequest.objects.get(pk=request.pk).status == "pending"
     # The turn ends; the unread item brings the run straight back for turn 2, which sees it.
     with django_capture_on_commit_callbacks(execute=True):
-        assert end_turn(run_id=coder_run.pk, turn=1, more=False) == Run.Status.QUEUED
+        assert end_turn(run=coder_run, turn=1, more=False) == Run.Status.QUEUED
     assert queued_turns(redis_url) == [coder_run.pk]
     next_turn = claim_turn(run_id=coder_run.pk)
     assert next_turn is not None and next_turn.turn == 2
@@ -192,7 +192,7 @@ def test_a_turn_with_nothing_unread_goes_idle(make_team: MakeTeam) -> None:
     run = claim_turn(run_id=team.run("coder").pk)
     assert run is not None
 
-    assert end_turn(run_id=run.pk, turn=1, more=False) == Run.Status.IDLE
+    assert end_turn(run=run, turn=1, more=False) == Run.Status.IDLE
     assert claim_turn(run_id=run.pk) is None  # an idle run is not claimable: only steering wakes it
 
 
