@@ -12,8 +12,8 @@ Per worker configuration (one `celery worker -P prefork`, `-c 1` then `-c 2`) an
 - latency, one round trip in flight: a fresh saga, B started and idle, then A added; A's first
   turn asks B once (playbook `bench-asker-1`);
 - throughput: P sagas at once, each with an A whose playbook asks B N times, one ask per model
-  call (`bench-asker-N`), so replies stream back while A keeps asking; round trips per second over
-  the middle 80% of completions;
+  call (`bench-asker-N`), so replies stream back while A keeps asking; round trips per second from
+  the first ask to the last reply taken in;
 - the bare baseline on the same Redis (another database number) with a worker of the same shape:
   `bench.hop1` → `bench.hop2` → Redis list (bench/bare_celery.py), one in flight for latency and
   P in flight for throughput.
@@ -151,11 +151,11 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
-def sustained_rate(done_at: list[float]) -> float:
-    """Completions per second over the middle 80% of them: no ramp-up, no tail."""
-    times = sorted(done_at)
-    lo, hi = len(times) // 10, len(times) - 1 - len(times) // 10
-    return (hi - lo) / (times[hi] - times[lo])
+def sustained_rate(started: float, done_at: list[float]) -> float:
+    """Completions per second over the whole batch, from the first send to the last completion.
+    (Replies reach a turn in batches, many at one instant: a window over part of the completions
+    would overstate the rate.)"""
+    return len(done_at) / (max(done_at) - started)
 
 
 @dataclass
@@ -226,7 +226,8 @@ class Agora:
         rows = timestamps(answered)
         turns = Run.objects.filter(collaborator__saga__in=sagas).aggregate(t=Sum("turn"))["t"]
         latencies = [(consumed - created) * 1000 for created, consumed in rows]
-        return sustained_rate([consumed for _, consumed in rows]), latencies, turns / total
+        first_ask = min(created for created, _ in rows)
+        return sustained_rate(first_ask, [consumed for _, consumed in rows]), latencies, turns / total
 
 
 def timestamps(responses: Any) -> list[tuple[float, float]]:
@@ -265,7 +266,7 @@ class Bare:
 
     def throughput(self, in_flight: int, total: int) -> float:
         reply_to = f"bench:reply:{uuid.uuid4().hex}"
-        sent, done_at = 0, list[float]()
+        sent, done_at, started = 0, list[float](), time.time()
         for _ in range(in_flight):
             self.send(reply_to, str(sent))
             sent += 1
@@ -276,7 +277,7 @@ class Bare:
             if sent < total:
                 self.send(reply_to, str(sent))
                 sent += 1
-        return sustained_rate(done_at)
+        return sustained_rate(started, done_at)
 
 
 # --- the runtime's overhead per turn, in process ----------------------------------------------------

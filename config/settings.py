@@ -213,6 +213,6 @@ AGORA_LEASE_S = float(os.environ.get("AGORA_LEASE_S", "60"))
 AGORA_STEERING_POLL_MAX_S = float(os.environ.get("AGORA_STEERING_POLL_MAX_S", "60"))
 # A run with more to do keeps its worker for its next turns until this much time has passed
 # since the task started, then queues behind the others.
-AGORA_TURN_SLICE_S = float(os.environ.get("AGORA_TURN_SLICE_S", "1"))
+AGORA_TURN_SLICE_S = float(os.environ.get("AGORA_TURN_SLICE_S", "0.1"))
 AGORA_RERING_S = float(os.environ.get("AGORA_RERING_S", "15"))
 AGORA_PLAYBOOK_DIRS = env_list("AGORA_PLAYBOOK_DIRS", "")
