@@ -1,8 +1,9 @@
-"""The turn executor: one turn of one internal run.
+"""The turn executor: the turns of one internal run, back to back in one task.
 
-claim → (resume a parked wait, or finish tool calls a crash interrupted) → drain steering into the
-transcript → call the model chain outside any transaction → persist its message → run its tool
-calls → park, go idle, queue the next turn, or finish.
+claim → (resume a parked wait, or run the calls a parked wait left) → drain steering into the
+transcript → call the model chain outside any transaction → persist its message with its tool
+calls' effects and results → park, go idle, finish, or begin the next turn (in this task, or
+queued for any worker once the task's time slice is used).
 """
 
 import json
@@ -12,7 +13,7 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import connection
 
 from agents import scripted
 from agents.models import AgentProfile, TranscriptEntry
@@ -65,7 +66,8 @@ def run_turn(run_id: str) -> None:
         logger.info("turn %s of %s was taken over; stopping", turns.turn, run.pk)
     finally:
         heartbeat.stop()
-        close_old_connections()
+        if connection.errors_occurred:  # the next task starts on a fresh connection
+            connection.close()
 
 
 class Turns:

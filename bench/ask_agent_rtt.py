@@ -18,10 +18,9 @@ Per worker configuration (one `celery worker -P prefork`, `-c 1` then `-c 2`) an
   `bench.hop1` → `bench.hop2` → Redis list (bench/bare_celery.py), one in flight for latency and
   P in flight for throughput.
 Medians over the rounds are printed. Then, with the workers stopped, the runtime's own overhead
-per turn: `agents.executor.run_turn` timed in this process for each turn of an A/B pair (`--asks`
-asks), minus the model call's latency as its `llm_call` journal event records it; each turn starts
-without a database connection, as a Celery task does, while another connection stays open, as this
-process's does while the workers run (closing the last connection to a WAL database checkpoints it).
+per turn: `agents.executor.run_turn` timed in this process for each task of an A/B pair (`--asks`
+asks), minus the model calls' latency as their `llm_call` journal events record it, shared among
+the task's turns that called the model. The connection stays open between tasks, as in a worker.
 
 It needs nothing running: it makes a temporary data dir with its own SQLite database, starts the
 embedded redis-server on a free port and its worker processes, and kills them all at the end.
@@ -35,7 +34,6 @@ import os
 import pstats
 import secrets
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -305,11 +303,6 @@ def measure_overhead(agora: Agora, asks: int, profile: cProfile.Profile | None) 
     agora.add(saga, "a", "bench-asker-n")
     result = Overhead()
     count = [0]
-    # Another connection stays open, as the workers' database always has one (this process's, or
-    # the web's): closing the last connection to a WAL database checkpoints it, which a turn does
-    # not pay when other processes use the database.
-    keeper = sqlite3.connect(connection.settings_dict["NAME"])
-    keeper.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
 
     def counting(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         count[0] += 1
@@ -321,7 +314,6 @@ def measure_overhead(agora: Agora, asks: int, profile: cProfile.Profile | None) 
         ):
             for run_id in queued:
                 after = JournalEvent.objects.filter(saga=saga).order_by("-seq").values_list("seq", flat=True)[0]
-                connection.close()  # as in a worker, where each task starts without a connection
                 count[0] = 0
                 if profile:
                     profile.enable()
@@ -343,7 +335,6 @@ def measure_overhead(agora: Agora, asks: int, profile: cProfile.Profile | None) 
                     result.overhead_ms.append((elapsed - sum(latencies)) / n)
                     result.cpu_ms.append((cpu - sum(latencies)) / n)
                     result.queries.append(queries / n)
-    keeper.close()
     return result
 
 

@@ -163,6 +163,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": 600,
 }
 CELERY_TASK_IGNORE_RESULT = True
+# A worker process keeps its database connection from one task to the next (Celery's Django
+# fixup otherwise closes it around every task): connecting costs more than most turns. A task
+# that hit a database error closes it (agents.executor.run_turn).
+CELERY_DB_REUSE_MAX = 1000
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 RECONCILE_INTERVAL_S = float(os.environ.get("AGORA_RECONCILE_INTERVAL_S", "5"))
 CELERY_BEAT_SCHEDULE = {
