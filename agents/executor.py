@@ -10,6 +10,9 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
@@ -62,6 +65,7 @@ def run_turn(run_id: str) -> None:
     heartbeat.start()
     try:
         turns.execute()
+        keep_transcript(turns.transcript)
     except LostTurn:
         logger.info("turn %s of %s was taken over; stopping", turns.turn, run.pk)
     finally:
@@ -87,23 +91,29 @@ class Turns:
         self.turn = run.turn
         self.profile = AgentProfile.objects.filter(name=self.collaborator.profile).first()
         self.slice_ends = time.monotonic() + settings.AGORA_TURN_SLICE_S
-        # The run's transcript, read once and extended by append(): while this task holds the
-        # run's lease nobody else writes it, and a task whose write fails ends with the exception.
-        self.history: list[dict[str, Any]] | None = None
-        self.last_seq = 0
-        self.tokens = 0
+        # While this task holds the run's lease nobody else writes its transcript.
+        self.transcript = take_transcript(run.pk)
 
     # --- the shape of a turn ----------------------------------------------------------------
 
     def execute(self) -> None:
-        with actions.saga_transaction(self.saga_id):
-            self.check_lease()
+        with self.transaction():
             go_on = self.begin()
         while go_on:
-            completion, latency_ms = self.call_models(self.transcript())
-            with actions.saga_transaction(self.saga_id):
-                self.check_lease()
+            completion, latency_ms = self.call_models(self.transcript.messages)
+            with self.transaction():
                 go_on = self.conclude(completion, latency_ms)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One of the turns' transactions: under the saga's lock (taken first, as by every kernel
+        write: one lock order, no deadlocks), the lease renewed first, which proves this task still
+        holds it, and the new transcript entries written last."""
+        with actions.saga_transaction(self.saga_id):
+            if not actions.renew_lease(run_id=self.run.pk, turn=self.turn):
+                raise LostTurn
+            yield
+            self.transcript.save()
 
     def begin(self) -> bool:
         """Start the turn: budgets, a parked wait's result, its input. False when the turn ended here."""
@@ -111,16 +121,16 @@ class Turns:
             return self.finish(Run.Status.FAILED, error=f"No agent profile {self.collaborator.profile!r}.")
         if self.turn > self.profile.max_turns:
             return self.finish(Run.Status.FAILED, error=f"Turn budget of {self.profile.max_turns} turns exhausted.")
-        if self.tokens_used() >= self.profile.max_tokens:
+        if self.transcript.tokens >= self.profile.max_tokens:
             return self.finish(Run.Status.FAILED, error=f"Token budget of {self.profile.max_tokens} tokens exhausted.")
-        if self.turn == 1 and not self.transcript():
+        if self.turn == 1 and not self.transcript.messages:
             self.journal("worker_start", {"role": self.profile.role, "task": self.collaborator.task})
         resumed = bool(self.run.waiting_on_id) and self.resume_wait()
         interrupted = self.interrupted_calls()
         if interrupted and self.run_calls(interrupted):
             return False
         fresh = self.take_input()
-        history = self.transcript()
+        history = self.transcript.messages
         if not (fresh or resumed or interrupted) and history and history[-1]["role"] == "assistant":
             return self.end(more=False)  # nothing new to think about
         return True
@@ -135,7 +145,9 @@ class Turns:
              "completion_tokens": completion.completion_tokens,
              "tool_calls": [c["name"] for c in completion.tool_calls]},
         )  # fmt: skip
-        self.append([completion.as_message()], tokens=completion.prompt_tokens + completion.completion_tokens)
+        self.transcript.append(
+            self.turn, [completion.as_message()], tokens=completion.prompt_tokens + completion.completion_tokens
+        )
         if self.run_calls(completion.tool_calls):
             return False
         return self.end(more=bool(completion.tool_calls))
@@ -161,12 +173,12 @@ class Turns:
             if outcome.result is None:
                 actions.end_turn(run=self.run, turn=self.turn, more=False)
                 return True
-            self.append([tool_message(tool_call["id"], outcome.result)])
+            self.transcript.append(self.turn, [tool_message(tool_call["id"], outcome.result)])
         return False
 
     def interrupted_calls(self) -> list[dict[str, Any]]:
         """The calls of the last model message that have no result: those after a call that parked."""
-        history = self.transcript()
+        history = self.transcript.messages
         last = next((i for i in range(len(history) - 1, -1, -1) if history[i]["role"] == "assistant"), None)
         if last is None or not history[last].get("tool_calls"):
             return []
@@ -182,13 +194,13 @@ class Turns:
     def take_input(self) -> bool:
         """Drain steering into the transcript (acknowledged by injection: same transaction)."""
         messages: list[dict[str, Any]] = []
-        if not self.transcript():
+        if not self.transcript.messages:
             messages.append({"role": "system", "content": self.system_prompt()})
             messages.append({"role": "user", "content": self.first_input()})
         items = actions.consume_steering(recipient=self.collaborator, turn=self.turn)
         if items:
             messages.append({"role": "user", "content": "\n\n".join(render(item) for item in items)})
-        self.append(messages)
+        self.transcript.append(self.turn, messages)
         return bool(messages)
 
     def system_prompt(self) -> str:
@@ -220,7 +232,7 @@ class Turns:
             SteeringItem.objects.filter(recipient=self.collaborator, request=request, consumed_at__isnull=True).update(
                 consumed_turn=self.turn, consumed_at=request.updated_at
             )
-        self.append([tool_message(run.wait_tool_call_id, result)])
+        self.transcript.append(self.turn, [tool_message(run.wait_tool_call_id, result)])
         Run.objects.filter(pk=run.pk).update(waiting_on=None, wait_tool_call_id="")
         self.run.waiting_on_id = None
         return True
@@ -262,40 +274,59 @@ class Turns:
 
     # --- persistence ------------------------------------------------------------------------
 
-    def check_lease(self) -> None:
-        """First in each transaction, under the saga's lock (taken first, as by every kernel write:
-        one lock order, no deadlocks): renew the lease, which proves this task still holds it."""
-        if not actions.renew_lease(run_id=self.run.pk, turn=self.turn):
-            raise LostTurn
-
-    def transcript(self) -> list[dict[str, Any]]:
-        if self.history is None:
-            rows = TranscriptEntry.objects.filter(run=self.run).order_by("seq").values_list("seq", "message", "tokens")
-            self.history = []
-            for seq, message, tokens in rows:
-                self.history.append(message)
-                self.last_seq, self.tokens = seq, self.tokens + tokens
-        return self.history
-
-    def append(self, messages: list[dict[str, Any]], *, tokens: int = 0) -> None:
-        """Add messages to the transcript, in the caller's transaction (which checked the lease)."""
-        if not messages:
-            return
-        history = self.transcript()
-        start = self.last_seq + 1
-        TranscriptEntry.objects.bulk_create(
-            TranscriptEntry(run=self.run, seq=start + i, turn=self.turn, message=m, tokens=tokens if i == 0 else 0)
-            for i, m in enumerate(messages)
-        )
-        history.extend(messages)
-        self.last_seq, self.tokens = start + len(messages) - 1, self.tokens + tokens
-
-    def tokens_used(self) -> int:
-        self.transcript()
-        return self.tokens
-
     def journal(self, type: str, data: dict[str, Any]) -> None:
         record(saga_id=self.saga_id, type=type, actor=self.collaborator.handle, run_id=self.run.pk, data=data)
+
+
+class Transcript:
+    """A run's conversation, in the chat-completions shape, so any run can resume from exactly what
+    was persisted. Append-only: a copy this process kept from an earlier task of the run only needs
+    the entries written since."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.messages: list[dict[str, Any]] = []
+        self.last_seq = 0
+        self.tokens = 0
+        self.unsaved: list[TranscriptEntry] = []
+
+    def read_new(self) -> None:
+        rows = TranscriptEntry.objects.filter(run_id=self.run_id, seq__gt=self.last_seq).order_by("seq")
+        for seq, message, tokens in rows.values_list("seq", "message", "tokens"):
+            self.messages.append(message)
+            self.last_seq, self.tokens = seq, self.tokens + tokens
+
+    def append(self, turn: int, messages: list[dict[str, Any]], *, tokens: int = 0) -> None:
+        """Add messages, written by save() at the end of the turn's transaction."""
+        for message in messages:
+            self.last_seq += 1
+            self.unsaved.append(
+                TranscriptEntry(run_id=self.run_id, seq=self.last_seq, turn=turn, message=message, tokens=tokens)
+            )
+            self.messages.append(message)
+            self.tokens, tokens = self.tokens + tokens, 0
+
+    def save(self) -> None:
+        TranscriptEntry.objects.bulk_create(self.unsaved)
+        self.unsaved = []
+
+
+# The transcripts of the runs this process ran last, as of their tasks' last commit.
+_kept: OrderedDict[str, Transcript] = OrderedDict()
+KEPT_TRANSCRIPTS = 64
+
+
+def take_transcript(run_id: str) -> Transcript:
+    transcript = _kept.pop(run_id, None) or Transcript(run_id)
+    transcript.read_new()
+    return transcript
+
+
+def keep_transcript(transcript: Transcript) -> None:
+    """Only after a task that ended normally: everything it holds is committed."""
+    _kept[transcript.run_id] = transcript
+    while len(_kept) > KEPT_TRANSCRIPTS:
+        _kept.popitem(last=False)
 
 
 def tool_message(call_id: str, result: dict[str, Any]) -> dict[str, Any]:

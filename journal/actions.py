@@ -11,18 +11,24 @@ from uuid import UUID
 
 from channels.layers import get_channel_layer
 from django.db import connection, transaction
+from django.utils.timezone import now
 
 from journal.models import JournalEvent, JournalHead
 
 logger = logging.getLogger(__name__)
 
-# One statement allocates the next seq: it inserts the saga's head row or bumps it, and returns
-# the new value. The row lock it takes is held until commit, so a saga's writers run one after
+# Two plain statements, no ORM: every change in Agora writes here, several times per agent turn.
+# The first allocates the next seq: it inserts the saga's head row or bumps it, and returns the
+# new value. The row lock it takes is held until commit, so a saga's writers run one after
 # another (SQLite serialises all writers anyway): seqs are gap-free and appear in commit order.
 _NEXT_SEQ_SQL = (
     f"INSERT INTO {JournalHead._meta.db_table} (saga_id, last_seq) VALUES (%s, 1) "
     f"ON CONFLICT (saga_id) DO UPDATE SET last_seq = {JournalHead._meta.db_table}.last_seq + 1 "
     "RETURNING last_seq"
+)
+_INSERT_SQL = (
+    f"INSERT INTO {JournalEvent._meta.db_table} (saga_id, seq, type, actor, run_id, data, created_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id"
 )
 
 
@@ -31,18 +37,37 @@ def group_name(saga_id: UUID | str) -> str:
     return f"journal.{saga_id}"
 
 
+_FIELDS: dict[str, Any] = {f.name: f for f in JournalEvent._meta.concrete_fields}
+
+
+def db_value(field: str, value: Any) -> Any:
+    return _FIELDS[field].get_db_prep_value(value, connection)
+
+
 @transaction.atomic(savepoint=False)
 def record(
     *, saga_id: UUID | str, type: str, actor: str = "", run_id: str = "", data: dict[str, Any] | None = None
 ) -> JournalEvent:
     """Append one event to a saga's journal, in the caller's transaction; it is published after commit."""
-    saga_key = JournalHead._meta.pk.get_db_prep_value(saga_id, connection)
+    saga_key = db_value("saga", saga_id)
+    event = JournalEvent(saga_id=saga_id, type=type, actor=actor, run_id=run_id, data=data or {}, created_at=now())
     with connection.cursor() as cursor:
         cursor.execute(_NEXT_SEQ_SQL, [saga_key])
-        (seq,) = cursor.fetchone()
-    event = JournalEvent.objects.create(
-        saga_id=saga_id, seq=seq, type=type, actor=actor, run_id=run_id, data=data or {}
-    )
+        (event.seq,) = cursor.fetchone()
+        cursor.execute(
+            _INSERT_SQL,
+            [
+                saga_key,
+                event.seq,
+                type,
+                actor,
+                run_id,
+                db_value("data", event.data),
+                db_value("created_at", event.created_at),
+            ],
+        )
+        (event.pk,) = cursor.fetchone()
+    event._state.adding, event._state.db = False, connection.alias
     transaction.on_commit(partial(publish, saga_id, event.as_dict()))
     return event
 

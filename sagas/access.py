@@ -5,16 +5,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.contenttypes.models import ContentType
+from django.db.models import F
 from guardian.models import UserObjectPermission
 
-from sagas.models import Collaborator, Delegation, Saga
+from sagas.models import Collaborator, Saga
 
 ADDRESS_PERM = "address_collaborator"
 
 
 @dataclass(frozen=True)
 class SagaTree:
-    """A saga's collaborators and its delegation edges, loaded in two queries."""
+    """A saga's collaborators (with their runs) and its delegation edges, loaded in one query."""
 
     saga: Saga
     members: dict[int, Collaborator]
@@ -22,9 +23,11 @@ class SagaTree:
 
     @classmethod
     def load(cls, saga: Saga) -> "SagaTree":
-        members = {c.pk: c for c in Collaborator.objects.filter(saga=saga).select_related("run", "user")}
-        edges = Delegation.objects.filter(saga=saga).values_list("delegate_id", "delegator_id")
-        return cls(saga=saga, members=members, parent=dict(edges))
+        rows = (
+            Collaborator.objects.filter(saga=saga).select_related("run").annotate(parent_id=F("delegation__delegator"))
+        )
+        members: dict[int, Collaborator] = {c.pk: c for c in rows}
+        return cls(saga=saga, members=members, parent={c.pk: c.parent_id for c in rows if c.parent_id is not None})
 
     def children(self) -> dict[int, list[int]]:
         result: dict[int, list[int]] = defaultdict(list)

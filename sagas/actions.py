@@ -285,7 +285,9 @@ def check_backlog(recipient: Collaborator) -> None:
         raise errors.TooManyPending(f"{recipient.handle} has {backlog} unread steering items.")
 
 
-@transaction.atomic
+# The turn's own steps (consume_steering, park_on_request, end_turn) join the caller's transaction
+# without a savepoint: a failure in one of them fails the turn whole.
+@transaction.atomic(savepoint=False)
 def consume_steering(
     *, recipient: Collaborator, upto_seq: int | None = None, turn: int | None = None
 ) -> list[SteeringItem]:
@@ -809,7 +811,7 @@ def renew_lease(*, run_id: str, turn: int) -> bool:
     )
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def park_on_request(*, run: Run, turn: int, request_id: str, tool_call_id: str) -> None:
     """Remember, with the request's creation, which tool call waits on it; the turn parks at its
     end. The caller's run object learns it too: end_turn() reads it from there."""
@@ -819,7 +821,7 @@ def park_on_request(*, run: Run, turn: int, request_id: str, tool_call_id: str) 
     run.waiting_on_id, run.wait_tool_call_id = request_id, tool_call_id
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str | None:
     """Leave the turn: wait on a request, come back for another turn, or go idle. With `carry_on`,
     a run that comes back keeps its worker: it stays `running` with the next turn number and a new
