@@ -41,7 +41,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from typing import Any
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
+from bench.journal_append import PG_SERVER, postgres_database  # noqa: E402
 from tests.support import RedisServer, stop_process, wait_until  # noqa: E402
 
 AGORA_DB = 0  # Redis database numbers on the one server: Agora's broker, channel layer, wake-ups
@@ -59,12 +60,12 @@ PAYLOAD = {"question": "ping", "detail": "x" * 64}
 # --- setup ---------------------------------------------------------------------------------------
 
 
-def configure(workdir: Path, redis_base: str) -> None:
+def configure(workdir: Path, redis_base: str, database_url: str) -> None:
     """The environment this process and its workers share; read once, when Django starts."""
     os.environ.update(
         DJANGO_SETTINGS_MODULE="config.settings",
         AGORA_DATA_DIR=str(workdir),
-        DATABASE_URL=f"sqlite:///{workdir / 'bench.sqlite3'}",
+        DATABASE_URL=database_url,
         REDIS_URL=f"{redis_base}/{AGORA_DB}",
         BENCH_BARE_REDIS_URL=f"{redis_base}/{BARE_DB}",
         AGORA_PLAYBOOK_DIRS=str(workdir / "playbooks"),
@@ -423,12 +424,23 @@ def main() -> None:
     parser.add_argument("--asks", type=int, default=50, help="asks per A for throughput (at most 64 open)")
     parser.add_argument("--concurrency", default="1,2", help="worker pool sizes to measure, comma-separated")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the in-process turns")
+    parser.add_argument(
+        "--postgres", action="store_true", help=f"use a temporary database on {PG_SERVER} instead of SQLite"
+    )
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="agora-bench-rtt-"))
     redis = RedisServer(workdir / "redis")
+    cleanup = ExitStack()
     try:
-        configure(workdir, redis.base_url)
+        if args.postgres:
+            database_url = cleanup.enter_context(postgres_database())
+            if database_url is None:
+                raise SystemExit(f"PostgreSQL at {PG_SERVER} does not answer")
+            database = f"PostgreSQL (a temporary database on {PG_SERVER})"
+        else:
+            database_url, database = f"sqlite:///{workdir / 'bench.sqlite3'}", f"SQLite (WAL) in {workdir}"
+        configure(workdir, redis.base_url, database_url)
         write_playbooks(workdir / "playbooks", args.asks)
         import django
 
@@ -441,7 +453,7 @@ def main() -> None:
         call_command("migrate", verbosity=0)
         load_profiles(entries=PROFILES)
         agora, bare = Agora(), Bare(os.environ["BENCH_BARE_REDIS_URL"])
-        print(f"{os.cpu_count()} cores; SQLite (WAL) in {workdir}; redis-server at {redis.base_url}")
+        print(f"{os.cpu_count()} cores; {database}; redis-server at {redis.base_url}")
         print(f"load average at start: {loadavg()} (other work on the machine slows every figure)", flush=True)
 
         results: dict[int, list[Round]] = {}
@@ -478,6 +490,7 @@ def main() -> None:
             print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
         raise
     finally:
+        cleanup.close()
         redis.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 

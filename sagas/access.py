@@ -133,7 +133,6 @@ def may_address(sender: Collaborator, recipient: Collaborator) -> bool:
         UserObjectPermission.objects.filter(
             user_id=sender.user_id,
             permission__codename=ADDRESS_PERM,
-            permission__content_type__app_label=Collaborator._meta.app_label,
             object_pk=str(recipient.pk),
         ).exists()
     )

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, Max, Q
 from django.utils import timezone
 from guardian.shortcuts import assign_perm
@@ -372,43 +372,29 @@ def ask_agent(
         raise errors.InvalidPayload("Bad timeout.", errors={"timeout_s": ["Must be positive."]})
     digest = body_hash(to=to, type=type, payload=payload, mode=mode)
     saga = lock_saga(sender.saga_id)
-    if idempotency_key and (first := replay(sender, idempotency_key, digest)):
-        return first, False
-
-    tree = SagaTree.load(saga)
-    recipient = next((c for c in tree.members.values() if c.handle == to), None)  # with its run and user
-    if recipient is None or recipient.pk not in tree.visible_ids(sender) or not recipient.is_agent:
-        raise errors.NotFound(f"No collaborator {to} in this saga.")
-    if recipient.pk == sender.pk:
-        raise errors.InvalidPayload("An agent cannot ask itself.", errors={"to": ["That is you."]})
-    if not may_address(sender, recipient):
-        raise errors.NotAddressable(f"The saga's {saga.policy} policy does not let {sender.handle} address {to}.")
-    run = recipient.run
-    if run.is_finished and not run.resumable:
-        raise errors.RecipientUnavailable(f"{to} has {run.status} and cannot resume.")
-    open_requests = AgentRequest.objects.filter(Q(sender=sender) | Q(recipient=sender), status__in=AgentRequest.OPEN)
-    counts = open_requests.aggregate(
-        sent=Count("pk", filter=Q(sender=sender)), hop=Max("hop", filter=Q(recipient=sender))
-    )
-    if counts["sent"] >= settings.AGORA_MAX_PENDING_PER_SENDER:
-        raise errors.TooManyPending(
-            f"{sender.handle} already has {settings.AGORA_MAX_PENDING_PER_SENDER} open requests."
-        )
-    hop = (counts["hop"] or 0) + 1
-    if hop > settings.AGORA_MAX_HOPS:
-        raise errors.HopLimit(f"This would be hop {hop}; the limit is {settings.AGORA_MAX_HOPS}.")
-    check_backlog(recipient)
     now = timezone.now()
-    if mode == AgentRequest.Mode.WAIT:
-        check_no_cycle(saga, sender, recipient, now=now)
-
+    try:
+        recipient, hop = check_ask(saga, sender, to, mode, now=now)
+    except errors.KernelError:
+        # A key that was used before answers with its request, whatever has changed since.
+        if idempotency_key and (first := replay(sender, idempotency_key, digest)):
+            return first, False
+        raise
+    run = recipient.run
     request = AgentRequest(
         saga=saga, sender=sender, recipient=recipient, type=type, payload=payload, mode=mode,
         idempotency_key=idempotency_key, body_hash=digest, hop=hop,
         wait_deadline=now + timedelta(seconds=wait_s) if mode == AgentRequest.Mode.WAIT else None,
         expires_at=now + timedelta(seconds=settings.AGORA_REQUEST_TTL_S),
     )  # fmt: skip
-    request.save(force_insert=True)  # a second delivery of its key waited on the saga lock and replays it
+    try:
+        with transaction.atomic():
+            request.save(force_insert=True)
+    except IntegrityError:  # its key was used before: answer with that request (or a conflict)
+        first = replay(sender, idempotency_key, digest) if idempotency_key else None
+        if first is None:
+            raise
+        return first, False
     # A finished run reaching this point is resumable: the new request restarts it.
     resumed = run.is_finished and Run.objects.filter(pk=run.pk, status__in=Run.FINISHED).update(status=Run.Status.IDLE)
     push_steering(
@@ -431,6 +417,36 @@ def ask_agent(
             data={"previous_status": run.status, "request_id": request.pk},
         )
     return request, True
+
+
+def check_ask(saga: Saga, sender: Collaborator, to: str, mode: str, *, now: Any) -> tuple[Collaborator, int]:
+    """Whether sender may ask `to` now: visible, addressable, available, within the limits.
+    Returns the recipient (with its run) and the new request's hop."""
+    tree = SagaTree.load(saga)
+    recipient = next((c for c in tree.members.values() if c.handle == to), None)  # with its run
+    if recipient is None or recipient.pk not in tree.visible_ids(sender) or not recipient.is_agent:
+        raise errors.NotFound(f"No collaborator {to} in this saga.")
+    if recipient.pk == sender.pk:
+        raise errors.InvalidPayload("An agent cannot ask itself.", errors={"to": ["That is you."]})
+    if not may_address(sender, recipient):
+        raise errors.NotAddressable(f"The saga's {saga.policy} policy does not let {sender.handle} address {to}.")
+    if recipient.run.is_finished and not recipient.run.resumable:
+        raise errors.RecipientUnavailable(f"{to} has {recipient.run.status} and cannot resume.")
+    open_requests = AgentRequest.objects.filter(Q(sender=sender) | Q(recipient=sender), status__in=AgentRequest.OPEN)
+    counts = open_requests.aggregate(
+        sent=Count("pk", filter=Q(sender=sender)), hop=Max("hop", filter=Q(recipient=sender))
+    )
+    if counts["sent"] >= settings.AGORA_MAX_PENDING_PER_SENDER:
+        raise errors.TooManyPending(
+            f"{sender.handle} already has {settings.AGORA_MAX_PENDING_PER_SENDER} open requests."
+        )
+    hop = (counts["hop"] or 0) + 1
+    if hop > settings.AGORA_MAX_HOPS:
+        raise errors.HopLimit(f"This would be hop {hop}; the limit is {settings.AGORA_MAX_HOPS}.")
+    check_backlog(recipient)
+    if mode == AgentRequest.Mode.WAIT:
+        check_no_cycle(saga, sender, recipient, now=now)
+    return recipient, hop
 
 
 def sender_run_id(collaborator: Collaborator) -> str:
