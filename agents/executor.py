@@ -109,7 +109,7 @@ class Turns:
         """One of the turns' transactions: under the saga's lock (taken first, as by every kernel
         write: one lock order, no deadlocks), the lease renewed first, which proves this task still
         holds it, and the new transcript entries written last."""
-        with actions.saga_transaction(self.saga_id):
+        with actions.saga_transaction(self.collaborator.saga):
             if not actions.renew_lease(run_id=self.run.pk, turn=self.turn):
                 raise LostTurn
             yield
