@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F, Max, Q
+from django.db.models import F, Q
 from django.utils import timezone
 from guardian.shortcuts import assign_perm
 
@@ -424,6 +424,17 @@ def ask_agent(
     return request, True
 
 
+# What the limits of one ask read, in one statement (it runs on every ask): the sender's open
+# requests, the deepest hop among the open requests it received, the recipient's unread steering.
+_OPEN_STATUSES = [status.value for status in AgentRequest.OPEN]
+_OPEN = ", ".join(["%s"] * len(_OPEN_STATUSES))
+_LOADS_SQL = (
+    f"SELECT (SELECT COUNT(*) FROM {AgentRequest._meta.db_table} WHERE sender_id = %s AND status IN ({_OPEN})), "
+    f"(SELECT MAX(hop) FROM {AgentRequest._meta.db_table} WHERE recipient_id = %s AND status IN ({_OPEN})), "
+    f"(SELECT COUNT(*) FROM {SteeringItem._meta.db_table} WHERE recipient_id = %s AND consumed_at IS NULL)"
+)
+
+
 def check_ask(saga: Saga, sender: Collaborator, to: str, mode: str, *, now: Any) -> tuple[Collaborator, int]:
     """Whether sender may ask `to` now: visible, addressable, available, within the limits.
     Returns the recipient (with its run) and the new request's hop."""
@@ -437,18 +448,18 @@ def check_ask(saga: Saga, sender: Collaborator, to: str, mode: str, *, now: Any)
         raise errors.NotAddressable(f"The saga's {saga.policy} policy does not let {sender.handle} address {to}.")
     if recipient.run.is_finished and not recipient.run.resumable:
         raise errors.RecipientUnavailable(f"{to} has {recipient.run.status} and cannot resume.")
-    open_requests = AgentRequest.objects.filter(Q(sender=sender) | Q(recipient=sender), status__in=AgentRequest.OPEN)
-    counts = open_requests.aggregate(
-        sent=Count("pk", filter=Q(sender=sender)), hop=Max("hop", filter=Q(recipient=sender))
-    )
-    if counts["sent"] >= settings.AGORA_MAX_PENDING_PER_SENDER:
+    with connection.cursor() as cursor:
+        cursor.execute(_LOADS_SQL, [sender.pk, *_OPEN_STATUSES, sender.pk, *_OPEN_STATUSES, recipient.pk])
+        sent, deepest, backlog = cursor.fetchone()
+    if sent >= settings.AGORA_MAX_PENDING_PER_SENDER:
         raise errors.TooManyPending(
             f"{sender.handle} already has {settings.AGORA_MAX_PENDING_PER_SENDER} open requests."
         )
-    hop = (counts["hop"] or 0) + 1
+    hop = (deepest or 0) + 1
     if hop > settings.AGORA_MAX_HOPS:
         raise errors.HopLimit(f"This would be hop {hop}; the limit is {settings.AGORA_MAX_HOPS}.")
-    check_backlog(recipient)
+    if backlog >= settings.AGORA_MAX_STEERING_BACKLOG:
+        raise errors.TooManyPending(f"{recipient.handle} has {backlog} unread steering items.")
     if mode == AgentRequest.Mode.WAIT:
         check_no_cycle(saga, sender, recipient, now=now)
     return recipient, hop
