@@ -50,22 +50,15 @@ def record(
 ) -> JournalEvent:
     """Append one event to a saga's journal, in the caller's transaction; it is published after commit."""
     saga_key = db_value("saga", saga_id)
-    event = JournalEvent(saga_id=saga_id, type=type, actor=actor, run_id=run_id, data=data or {}, created_at=now())
     with connection.cursor() as cursor:
         cursor.execute(_NEXT_SEQ_SQL, [saga_key])
-        (event.seq,) = cursor.fetchone()
-        cursor.execute(
-            _INSERT_SQL,
-            [
-                saga_key,
-                event.seq,
-                type,
-                actor,
-                run_id,
-                db_value("data", event.data),
-                db_value("created_at", event.created_at),
-            ],
+        (seq,) = cursor.fetchone()
+        # Stamped once the seq is taken, while the saga's other writers wait: seq order is time order.
+        event = JournalEvent(
+            saga_id=saga_id, seq=seq, type=type, actor=actor, run_id=run_id, data=data or {}, created_at=now()
         )
+        data_value, created_value = db_value("data", event.data), db_value("created_at", event.created_at)
+        cursor.execute(_INSERT_SQL, [saga_key, seq, type, actor, run_id, data_value, created_value])
         (event.pk,) = cursor.fetchone()
     event._state.adding, event._state.db = False, connection.alias
     transaction.on_commit(partial(publish, saga_id, event.as_dict()))
