@@ -95,6 +95,7 @@ DATABASES: dict[str, dict[str, Any]] = {
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["ENGINE"] = "config.sqlite"  # writers queue on a file lock (config/sqlite/base.py)
     DATABASES["default"]["OPTIONS"] = {
         # WAL lets readers proceed while one process writes; IMMEDIATE takes the write lock at BEGIN,
         # so concurrent writers queue on the busy timeout instead of failing mid-transaction.

@@ -108,7 +108,7 @@ class RedisServer:
 def shared_database_url() -> str:
     """A DATABASE_URL for the test database pytest-django created, for child processes to share."""
     s = connection.settings_dict
-    if s["ENGINE"].endswith("sqlite3"):
+    if connection.vendor == "sqlite":
         return f"sqlite:///{s['NAME']}"
     auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
