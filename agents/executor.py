@@ -57,7 +57,7 @@ class Heartbeat(threading.Thread):
 
 
 def run_turn(run_id: str) -> None:
-    run = actions.claim_turn(run_id=run_id)
+    run = actions.queued_run(run_id)
     if run is None:
         return  # a redelivered doorbell, or another worker holds the run
     turns = Turns(run)
@@ -67,7 +67,7 @@ def run_turn(run_id: str) -> None:
         turns.execute()
         keep_transcript(turns.transcript)
     except LostTurn:
-        logger.info("turn %s of %s was taken over; stopping", turns.turn, run.pk)
+        logger.info("run %s: turn %s is another worker's; stopping", run.pk, turns.turn)
     finally:
         heartbeat.stop()
         if connection.errors_occurred:  # the next task starts on a fresh connection
@@ -88,16 +88,17 @@ class Turns:
         self.run = run
         self.collaborator = run.collaborator
         self.saga_id = self.collaborator.saga_id
-        self.turn = run.turn
+        self.turn = run.turn + 1  # once claimed
         self.profile = AgentProfile.objects.filter(name=self.collaborator.profile).first()
         self.slice_ends = time.monotonic() + settings.AGORA_TURN_SLICE_S
-        # While this task holds the run's lease nobody else writes its transcript.
-        self.transcript = take_transcript(run.pk)
+        # Read once the run is claimed: while this task holds its lease nobody else writes it.
+        self.transcript = Transcript(run.pk)
 
     # --- the shape of a turn ----------------------------------------------------------------
 
     def execute(self) -> None:
-        with self.transaction():
+        with self.transaction(claim=True):
+            self.transcript = take_transcript(self.run.pk)
             go_on = self.begin()
         while go_on:
             completion, latency_ms = self.call_models(self.transcript.messages)
@@ -105,12 +106,12 @@ class Turns:
                 go_on = self.conclude(completion, latency_ms)
 
     @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, *, claim: bool = False) -> Iterator[None]:
         """One of the turns' transactions: under the saga's lock (taken first, as by every kernel
-        write: one lock order, no deadlocks), the lease renewed first, which proves this task still
-        holds it, and the new transcript entries written last."""
+        write: one lock order, no deadlocks), first the claim or a renewal of the lease, which
+        proves this task holds the turn, and last the new transcript entries."""
         with actions.saga_transaction(self.collaborator.saga):
-            if not actions.renew_lease(run_id=self.run.pk, turn=self.turn):
+            if not (actions.take_turn(self.run) if claim else actions.renew_lease(run_id=self.run.pk, turn=self.turn)):
                 raise LostTurn
             yield
             self.transcript.save()

@@ -803,15 +803,35 @@ def lease_deadline() -> Any:
     return timezone.now() + timedelta(seconds=settings.AGORA_LEASE_S)
 
 
-def claim_turn(*, run_id: str) -> Run | None:
-    """Compare-and-set a queued run to running with a fresh lease and the next turn number.
-    None means a redelivered doorbell, or another worker got it."""
-    claimed = Run.objects.filter(pk=run_id, status=Run.Status.QUEUED).update(
-        status=Run.Status.RUNNING, turn=F("turn") + 1, lease_until=lease_deadline(), updated_at=timezone.now()
+def queued_run(run_id: str) -> Run | None:
+    """The run, with what a turn needs of it, if it is queued for a turn."""
+    return (
+        Run.objects.select_related("collaborator__saga", "collaborator__user")
+        .filter(pk=run_id, status=Run.Status.QUEUED)
+        .first()
     )
-    if not claimed:
+
+
+def take_turn(run: Run) -> bool:
+    """In the caller's saga transaction: compare-and-set the queued run, as loaded, to running with
+    the next turn number and a fresh lease; the object follows. False: a redelivered doorbell, or
+    another worker got it (which rang its own doorbell for anything after)."""
+    lease_until, now = lease_deadline(), timezone.now()
+    if not Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED, turn=run.turn).update(
+        status=Run.Status.RUNNING, turn=run.turn + 1, lease_until=lease_until, updated_at=now
+    ):
+        return False
+    run.status, run.turn, run.lease_until, run.updated_at = Run.Status.RUNNING, run.turn + 1, lease_until, now
+    return True
+
+
+def claim_turn(*, run_id: str) -> Run | None:
+    """take_turn() in a transaction of its own; None when the run was not claimed."""
+    run = queued_run(run_id)
+    if run is None:
         return None
-    return Run.objects.select_related("collaborator__saga", "collaborator__user").get(pk=run_id)
+    with saga_transaction(run.collaborator.saga):
+        return run if take_turn(run) else None
 
 
 @transaction.atomic
