@@ -240,9 +240,11 @@ def find_collaborator(saga: Saga, handle: str) -> Collaborator | None:
 # --- steering ----------------------------------------------------------------------------------
 
 
+# Every request and reply goes through push_steering(): plain statements for its two updates.
 _NEXT_STEERING_SEQ_SQL = (
     f"UPDATE {Collaborator._meta.db_table} SET steering_seq = steering_seq + 1 WHERE id = %s RETURNING steering_seq"
 )
+_WAKE_SQL = f"UPDATE {Run._meta.db_table} SET status = %s WHERE collaborator_id = %s AND status = %s RETURNING id"
 
 
 def push_steering(
@@ -271,10 +273,11 @@ def wake(collaborator: Collaborator) -> None:
     publish_after_commit(steering_channel(collaborator.pk))
     if collaborator.runtime != Collaborator.Runtime.INTERNAL:
         return
-    run = collaborator.run  # loaded with the collaborator where it was (ask_agent): only its pk is used
-    woken = Run.objects.filter(pk=run.pk, status=Run.Status.IDLE).update(status=Run.Status.QUEUED)
+    with connection.cursor() as cursor:
+        cursor.execute(_WAKE_SQL, [Run.Status.QUEUED.value, collaborator.pk, Run.Status.IDLE.value])
+        woken = cursor.fetchone()
     if woken:
-        ring_run_after_commit(run.pk)
+        ring_run_after_commit(woken[0])
 
 
 def resume_waiter(request: AgentRequest) -> None:
@@ -302,6 +305,10 @@ def consume_steering(
     unread. Requests among them become `delivered`.
     """
     lock_saga(recipient.saga_id)
+    with connection.cursor() as cursor:  # most turns find nothing unread: one plain statement tells
+        cursor.execute(_ANY_UNREAD_SQL, [recipient.pk])
+        if cursor.fetchone() is None:
+            return []
     items = SteeringItem.objects.filter(recipient=recipient, consumed_at__isnull=True)
     if upto_seq is not None:
         items = items.filter(seq__lte=upto_seq)
@@ -310,15 +317,23 @@ def consume_steering(
         return []
     now = timezone.now()
     SteeringItem.objects.filter(pk__in=[i.pk for i in consumed]).update(consumed_at=now, consumed_turn=turn)
-    for item in consumed:
-        # The compare-and-set alone decides: the requests came with the items, no need to re-read them.
-        request = item.request
-        if item.kind != SteeringItem.Kind.REQUEST or request is None:
-            continue
-        if AgentRequest.objects.filter(pk=request.pk, status=Status.PENDING).update(status=Status.DELIVERED):
-            record(saga_id=request.saga_id, type="request.delivered", actor=recipient.handle,
-                   data={"request_id": request.pk})  # fmt: skip
+    requests = [i.request_id for i in consumed if i.kind == SteeringItem.Kind.REQUEST and i.request_id]
+    if requests:
+        # The compare-and-set alone decides which of them this delivers.
+        with connection.cursor() as cursor:
+            ids = ", ".join(["%s"] * len(requests))
+            cursor.execute(_DELIVER_SQL.format(ids=ids), [Status.DELIVERED.value, Status.PENDING.value, *requests])
+            delivered = {row[0] for row in cursor.fetchall()}
+        for request_id in (r for r in requests if r in delivered):  # in steering order
+            record(saga_id=recipient.saga_id, type="request.delivered", actor=recipient.handle,
+                   data={"request_id": request_id})  # fmt: skip
     return consumed
+
+
+_ANY_UNREAD_SQL = f"SELECT 1 FROM {SteeringItem._meta.db_table} WHERE recipient_id = %s AND consumed_at IS NULL LIMIT 1"
+_DELIVER_SQL = (
+    f"UPDATE {AgentRequest._meta.db_table} SET status = %s WHERE status = %s AND id IN ({{ids}}) RETURNING id"
+)
 
 
 @transaction.atomic
