@@ -4,7 +4,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
+from django.db import connection
 from django.db.models import F
 from guardian.models import UserObjectPermission
 
@@ -127,15 +129,20 @@ def sync_address_grants(saga: Saga) -> None:
 
 
 def may_address(sender: Collaborator, recipient: Collaborator) -> bool:
-    """The `address_collaborator` object permission, in one query: agents hold it directly (never
-    through a group), and the ask path reads it on every request."""
-    return sender.user.is_active and (
-        UserObjectPermission.objects.filter(
-            user_id=sender.user_id,
-            permission__codename=ADDRESS_PERM,
-            object_pk=str(recipient.pk),
-        ).exists()
-    )
+    """The `address_collaborator` object permission, read from guardian's table with one plain
+    statement: agents hold it directly (never through a group), and every ask reads it."""
+    if not sender.user.is_active:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(_MAY_ADDRESS_SQL, [sender.user_id, str(recipient.pk), ADDRESS_PERM])
+        return cursor.fetchone() is not None
+
+
+_MAY_ADDRESS_SQL = (
+    f"SELECT 1 FROM {UserObjectPermission._meta.db_table} AS grant_ "
+    f"JOIN {Permission._meta.db_table} AS perm ON perm.id = grant_.permission_id "
+    "WHERE grant_.user_id = %s AND grant_.object_pk = %s AND perm.codename = %s LIMIT 1"
+)
 
 
 def may_manage(user: Any, saga: Saga) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 from guardian.shortcuts import assign_perm
 
@@ -871,11 +871,22 @@ def reclaim_lapsed_turn(*, run_id: str, now: Any, mark: Any) -> bool:
     return True
 
 
-def renew_lease(*, run_id: str, turn: int) -> bool:
-    """The heartbeat of a long turn; False once the turn has been taken away from this worker."""
-    return bool(
-        Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, turn=turn).update(lease_until=lease_deadline())
-    )
+def renew_lease(*, run_id: str, turn: int, next_turn: bool = False) -> bool:
+    """Extend the lease of the running turn `turn`, or with `next_turn` move on to turn + 1 under
+    a fresh lease. False once the turn has been taken away from this worker. A plain statement:
+    every transaction of a turn starts with it."""
+    now = timezone.now()
+    lease_until = connection.ops.adapt_datetimefield_value(now + timedelta(seconds=settings.AGORA_LEASE_S))
+    updated_at = connection.ops.adapt_datetimefield_value(now)
+    with connection.cursor() as cursor:
+        cursor.execute(_LEASE_SQL, [turn + next_turn, lease_until, updated_at, run_id, Run.Status.RUNNING.value, turn])
+        return cursor.rowcount == 1
+
+
+_LEASE_SQL = (
+    f"UPDATE {Run._meta.db_table} SET turn = %s, lease_until = %s, updated_at = %s "
+    "WHERE id = %s AND status = %s AND turn = %s"
+)
 
 
 @transaction.atomic(savepoint=False)
@@ -911,8 +922,7 @@ def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str 
     unread = not more and SteeringItem.objects.filter(recipient=collaborator, consumed_at__isnull=True).exists()
     status = Run.Status.QUEUED if more or unread else Run.Status.IDLE
     if status == Run.Status.QUEUED and carry_on:
-        next_turn = mine.update(turn=F("turn") + 1, lease_until=lease_deadline(), updated_at=timezone.now())
-        return Run.Status.RUNNING if next_turn else None
+        return Run.Status.RUNNING if renew_lease(run_id=run.pk, turn=turn, next_turn=True) else None
     moved = mine.update(status=status, lease_until=None, updated_at=timezone.now())
     if moved and status == Run.Status.QUEUED:
         ring_run_after_commit(run.pk)
