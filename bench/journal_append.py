@@ -50,7 +50,8 @@ def measure(events: int, rounds: int) -> dict[str, Any]:
     from django.utils import timezone
 
     from accounts.models import User
-    from journal.actions import publisher, record
+    from config.notify import notifier
+    from journal.actions import record
     from journal.models import JournalEvent
     from sagas.actions import create_saga
     from sagas.models import Saga
@@ -101,7 +102,7 @@ def measure(events: int, rounds: int) -> dict[str, Any]:
     def recorded(saga_id: uuid.UUID, n: int) -> None:
         for _ in range(n):
             record(saga_id=saga_id, type="request.sent", actor="agent:coder", data=data)
-        publisher().flush(60)  # the sends happen on the publisher's thread: count them in
+        notifier().flush(60)  # the sends happen on the publisher's thread: count them in
 
     def recorded_quietly(saga_id: uuid.UUID, n: int) -> None:
         with override_settings(CHANNEL_LAYERS={}):  # get_channel_layer() is None: publish() returns at once

@@ -5,11 +5,11 @@ import logging
 from functools import partial
 
 from celery import current_app
-from django.conf import settings
 from django.db import transaction
 from kombu.exceptions import OperationalError as BrokerError
-from redis import Redis
 from redis.exceptions import RedisError
+
+from config.notify import notifier
 
 logger = logging.getLogger(__name__)
 
@@ -39,21 +39,6 @@ def publish_after_commit(*channels: str) -> None:
     transaction.on_commit(partial(publish, channels))
 
 
-_clients: dict[str, Redis] = {}
-
-
-def redis_client() -> Redis:
-    """One pooled client per URL (the pool reconnects after a fork or a Redis restart)."""
-    url = settings.REDIS_URL
-    if url not in _clients:
-        _clients[url] = Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-    return _clients[url]
-
-
 def publish(channels: tuple[str, ...]) -> None:
-    try:
-        client = redis_client()
-        for channel in channels:
-            client.publish(channel, "1")
-    except (RedisError, OSError) as exc:
-        logger.warning("wake-up publish failed (waiters re-check the database): %s", exc)
+    for channel in channels:
+        notifier().ping(channel)

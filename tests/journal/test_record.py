@@ -9,7 +9,8 @@ from channels.layers import get_channel_layer
 from django.db import DatabaseError, connection, transaction
 
 from accounts.models import User
-from journal.actions import group_name, publisher, record
+from config.notify import notifier
+from journal.actions import group_name, record
 from journal.models import AppendOnlyError, JournalEvent
 from sagas.actions import create_saga
 from sagas.models import Saga
@@ -155,7 +156,7 @@ def test_the_database_refuses_raw_update_and_delete(saga: Saga, base_seq: int, s
 
 @pytest.mark.django_db(transaction=True)
 def test_events_are_published_after_commit_and_never_for_a_rollback(saga: Saga, base_seq: int) -> None:
-    publisher().flush(10)  # what the fixtures recorded went out before the test listens
+    notifier().flush(10)  # what the fixtures recorded went out before the test listens
     layer: Any = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()
     async_to_sync(layer.group_add)(group_name(saga.pk), channel)
