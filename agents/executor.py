@@ -17,11 +17,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from django.utils import timezone
 
 from agents import scripted
 from agents.models import AgentProfile, TranscriptEntry
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
+from config.sql import db_value
 from journal.actions import record
 from sagas import actions
 from sagas.models import AgentRequest, Run, SteeringItem
@@ -289,7 +291,7 @@ class Transcript:
         self.messages: list[dict[str, Any]] = []
         self.last_seq = 0
         self.tokens = 0
-        self.unsaved: list[TranscriptEntry] = []
+        self.unsaved: list[tuple[int, int, dict[str, Any], int]] = []  # (seq, turn, message, tokens)
 
     def read_new(self) -> None:
         rows = TranscriptEntry.objects.filter(run_id=self.run_id, seq__gt=self.last_seq).order_by("seq")
@@ -301,15 +303,26 @@ class Transcript:
         """Add messages, written by save() at the end of the turn's transaction."""
         for message in messages:
             self.last_seq += 1
-            self.unsaved.append(
-                TranscriptEntry(run_id=self.run_id, seq=self.last_seq, turn=turn, message=message, tokens=tokens)
-            )
+            self.unsaved.append((self.last_seq, turn, message, tokens))
             self.messages.append(message)
             self.tokens, tokens = self.tokens + tokens, 0
 
     def save(self) -> None:
-        TranscriptEntry.objects.bulk_create(self.unsaved)
+        """One plain multi-row INSERT: every transaction of every turn ends with it."""
+        if not self.unsaved:
+            return
+        created = db_value(TranscriptEntry, "created_at", timezone.now())
+        params = [
+            value
+            for seq, turn, message, tokens in self.unsaved
+            for value in (self.run_id, seq, turn, db_value(TranscriptEntry, "message", message), tokens, created)
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(_INSERT_SQL + ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(self.unsaved)), params)
         self.unsaved = []
+
+
+_INSERT_SQL = f"INSERT INTO {TranscriptEntry._meta.db_table} (run_id, seq, turn, message, tokens, created_at) VALUES "
 
 
 # The transcripts of the runs this process ran last, as of their tasks' last commit.

@@ -10,6 +10,7 @@ from django.db import connection, transaction
 from django.utils.timezone import now
 
 from config.notify import Notifier, notifier
+from config.sql import db_value
 from journal.models import JournalEvent, JournalHead
 
 logger = logging.getLogger(__name__)
@@ -34,19 +35,12 @@ def group_name(saga_id: UUID | str) -> str:
     return f"journal.{saga_id}"
 
 
-_FIELDS: dict[str, Any] = {f.name: f for f in JournalEvent._meta.concrete_fields}
-
-
-def db_value(field: str, value: Any) -> Any:
-    return _FIELDS[field].get_db_prep_value(value, connection)
-
-
 @transaction.atomic(savepoint=False)
 def record(
     *, saga_id: UUID | str, type: str, actor: str = "", run_id: str = "", data: dict[str, Any] | None = None
 ) -> JournalEvent:
     """Append one event to a saga's journal, in the caller's transaction; it is published after commit."""
-    saga_key = db_value("saga", saga_id)
+    saga_key = db_value(JournalEvent, "saga", saga_id)
     with connection.cursor() as cursor:
         cursor.execute(_NEXT_SEQ_SQL, [saga_key])
         (seq,) = cursor.fetchone()
@@ -54,8 +48,8 @@ def record(
         event = JournalEvent(
             saga_id=saga_id, seq=seq, type=type, actor=actor, run_id=run_id, data=data or {}, created_at=now()
         )
-        data_value, created_value = db_value("data", event.data), db_value("created_at", event.created_at)
-        cursor.execute(_INSERT_SQL, [saga_key, seq, type, actor, run_id, data_value, created_value])
+        row = [saga_key, seq, type, actor, run_id, db_value(JournalEvent, "data", event.data)]
+        cursor.execute(_INSERT_SQL, [*row, db_value(JournalEvent, "created_at", event.created_at)])
         (event.pk,) = cursor.fetchone()
     event._state.adding, event._state.db = False, connection.alias
     transaction.on_commit(partial(publish, saga_id, event.as_dict()))

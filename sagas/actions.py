@@ -533,7 +533,7 @@ def request_visible_to(request: AgentRequest, user: User) -> bool:
 
 def get_request_for(user: User, request_id: str) -> AgentRequest:
     """The request if user is its sender, recipient or a manager of its saga; else 404."""
-    request = AgentRequest.objects.select_related("saga", "sender", "recipient").filter(pk=request_id).first()
+    request = AgentRequest.objects.select_related("sender", "recipient").filter(pk=request_id).first()
     if request is None or not request_visible_to(request, user):
         raise errors.NotFound(f"No request {request_id}.")
     return request
