@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from django.conf import settings
 from redis.asyncio import Redis
@@ -23,6 +24,7 @@ SEND_TIMEOUT_S = 5.0
 BACKLOG_MAX = 10_000
 
 Send = Callable[["Notifier"], Awaitable[object]]
+SendAll = Callable[[list[Any]], Awaitable[object]]
 
 
 class Notifier:
@@ -30,7 +32,7 @@ class Notifier:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self.queue: asyncio.Queue[tuple[Send, str]] = asyncio.Queue(BACKLOG_MAX)
-        self.pending_pings: set[str] = set()  # Redis channels already waiting for their ping
+        self.batches: dict[str, list[Any]] = {}  # items waiting to go out together, by key
         self._redis: Redis | None = None
         threading.Thread(target=self.loop.run_forever, name="notify", daemon=True).start()
         asyncio.run_coroutine_threadsafe(self.drain(), self.loop)
@@ -39,9 +41,14 @@ class Notifier:
         """Hand over `send(notifier)`; `what` names it in the log if it fails."""
         self.loop.call_soon_threadsafe(self.enqueue, send, what)
 
+    def gather(self, key: str, item: Any, send_all: SendAll, what: str) -> None:
+        """Hand over `item` to go out with the others of its key: a batch that is still waiting
+        takes it, or a new one is queued. Under load a few sends carry many items."""
+        self.loop.call_soon_threadsafe(self.enqueue_gathered, key, item, send_all, what)
+
     def ping(self, channel: str) -> None:
-        """Publish a wake-up on a Redis channel. A ping still waiting to go out covers a new one."""
-        self.loop.call_soon_threadsafe(self.enqueue_ping, channel)
+        """Publish a wake-up on a Redis channel; one ping covers all those waiting for it."""
+        self.gather(f"ping:{channel}", None, lambda _: self.publish(channel), f"wake-up publish on {channel}")
 
     def enqueue(self, send: Send, what: str) -> None:
         try:
@@ -49,13 +56,14 @@ class Notifier:
         except asyncio.QueueFull:
             logger.warning("%s dropped: backlog full", what)
 
-    def enqueue_ping(self, channel: str) -> None:
-        if channel not in self.pending_pings:
-            self.pending_pings.add(channel)
-            self.enqueue(lambda notifier: notifier.publish(channel), f"wake-up publish on {channel}")
+    def enqueue_gathered(self, key: str, item: Any, send_all: SendAll, what: str) -> None:
+        if key in self.batches:
+            self.batches[key].append(item)
+            return
+        self.batches[key] = [item]
+        self.enqueue(lambda notifier: send_all(notifier.batches.pop(key)), what)
 
     async def publish(self, channel: str) -> None:
-        self.pending_pings.discard(channel)
         if self._redis is None:
             self._redis = Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
         await self._redis.publish(channel, "1")

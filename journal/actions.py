@@ -9,7 +9,7 @@ from channels.layers import get_channel_layer
 from django.db import connection, transaction
 from django.utils.timezone import now
 
-from config.notify import Notifier, notifier
+from config.notify import notifier
 from config.sql import db_value
 from journal.models import JournalEvent, JournalHead
 
@@ -57,12 +57,12 @@ def record(
 
 
 def publish(saga_id: UUID | str, event: dict[str, Any]) -> None:
-    """Ring the saga's live listeners, without waiting for the send."""
-    message = {"type": "journal.event", "event": event}
+    """Ring the saga's live listeners, without waiting: the events of one saga that are waiting to
+    go out leave together, in one message."""
 
-    async def send(_: Notifier) -> None:
+    async def send_all(events: list[dict[str, Any]]) -> None:
         layer = get_channel_layer()
         if layer is not None:
-            await layer.group_send(group_name(saga_id), message)
+            await layer.group_send(group_name(saga_id), {"type": "journal.events", "events": events})
 
-    notifier().submit(send, f"journal publish for saga {saga_id} seq {event['seq']}")
+    notifier().gather(f"journal:{saga_id}", event, send_all, f"journal publish for saga {saga_id} seq {event['seq']}")

@@ -57,14 +57,15 @@ class JournalConsumer(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         pass  # the journal is read-only; clients only listen
 
-    async def journal_event(self, message: dict[str, Any]) -> None:
-        seq = message["event"]["seq"]
-        if seq <= self.last_seq:
-            return  # already sent by the replay
-        if seq > self.last_seq + 1:
-            await self.catch_up()  # a missed publish: read the gap from the database
-            return
-        await self.send_event(message["event"])
+    async def journal_events(self, message: dict[str, Any]) -> None:
+        """Events of this saga, in seq order (several when they were committed close together)."""
+        for event in message["events"]:
+            if event["seq"] <= self.last_seq:
+                continue  # already sent by the replay
+            if event["seq"] > self.last_seq + 1:
+                await self.catch_up()  # a missed publish: read the gap from the database
+                continue
+            await self.send_event(event)
 
     async def catch_up(self) -> None:
         while batch := await database_sync_to_async(self.events_after)(self.last_seq):

@@ -1,6 +1,7 @@
 """`journal.actions.record()`: gap-free per-saga numbering, cursors, append-only rows, publish on commit."""
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -169,5 +170,23 @@ def test_events_are_published_after_commit_and_never_for_a_rollback(saga: Saga, 
 
     # The first message in the group is the committed event: the rolled-back one was never sent.
     message = async_to_sync(receive_within)(layer, channel, 10.0)
-    assert message == {"type": "journal.event", "event": JournalEvent.objects.get(pk=committed.pk).as_dict()}
-    assert message["event"]["seq"] == base_seq + 1
+    assert message == {"type": "journal.events", "events": [JournalEvent.objects.get(pk=committed.pk).as_dict()]}
+    assert message["events"][0]["seq"] == base_seq + 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_events_waiting_to_go_out_leave_together_in_seq_order(saga: Saga, base_seq: int) -> None:
+    notifier().flush(10)
+    layer: Any = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(group_name(saga.pk), channel)
+    released = threading.Event()
+    notifier().submit(lambda _: asyncio.to_thread(released.wait, 10), "a send that holds the loop")
+
+    for i in range(5):  # five commits while the loop is busy
+        with transaction.atomic():
+            record(saga_id=saga.pk, type="burst", data={"i": i})
+    released.set()
+
+    message = async_to_sync(receive_within)(layer, channel, 10.0)
+    assert [(e["seq"], e["data"]["i"]) for e in message["events"]] == [(base_seq + 1 + i, i) for i in range(5)]
