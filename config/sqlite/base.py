@@ -1,18 +1,20 @@
-"""Django's SQLite backend, with writers queued in the kernel instead of in SQLite's busy handler.
+"""Django's SQLite backend, with writers queued on a file lock instead of in SQLite's busy handler.
 
 SQLite takes one writer at a time. A writer that finds the database locked sleeps in SQLite's
 busy handler in growing steps (1, 2, 5, 10 ms and more) and usually wakes well after the lock
 was free: with a web process and worker processes sharing the database, most of a contended
 write is that sleep. Here each write transaction first takes an exclusive `flock` on a file next
-to the database, and releases it at commit or rollback: a waiting writer is woken by the kernel
-the moment the previous one is done, and its BEGIN IMMEDIATE then finds the database free.
+to the database, and releases it at commit or rollback; a waiting writer looks again every half
+millisecond at most, and its BEGIN IMMEDIATE then finds the database free.
 Statements outside transactions and other programs still meet the busy timeout, as before.
 """
 
 import fcntl
 import os
+import time
 from typing import Any
 
+from django.db import OperationalError
 from django.db.backends.sqlite3 import base
 
 
@@ -54,7 +56,19 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if self.writer_lock is None or self.writer_lock[0] != os.getpid():
             path = f"{self.settings_dict['NAME']}.writer-lock"
             self.writer_lock = (os.getpid(), os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        fcntl.flock(self.writer_lock[1], fcntl.LOCK_EX)
+        # Polled in short steps rather than blocking, so that a writer stuck in a transaction makes
+        # the others fail after the configured timeout, as SQLite's own lock would, not hang.
+        deadline = time.monotonic() + float(self.settings_dict["OPTIONS"].get("timeout", 5))
+        pause = 0.00005
+        while True:
+            try:
+                fcntl.flock(self.writer_lock[1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OperationalError("database is locked: another writer held it too long") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.0005)
         self.holds_writer_lock = True
 
     def release_writer_lock(self) -> None:

@@ -3,9 +3,10 @@ lock on a file beside the database from BEGIN to its commit or rollback, and onl
 
 import fcntl
 import os
+import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from accounts.models import User
 
@@ -53,3 +54,23 @@ def test_closing_the_connection_mid_transaction_releases_the_writer_lock() -> No
         connection.close()  # as when a worker process is told to drop its connection
         assert writer_lock_is_free()
     assert not User.objects.filter(username="abandoned").exists()
+
+
+def test_a_writer_waits_for_the_lock_and_gives_up_after_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(connection.settings_dict["OPTIONS"], "timeout", 0.3)
+    other_writer = os.open(f"{connection.settings_dict['NAME']}.writer-lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(other_writer, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(OperationalError, match="database is locked"), transaction.atomic():
+            User.objects.create_user(username="too-late")
+
+        released = threading.Timer(0.1, fcntl.flock, args=(other_writer, fcntl.LOCK_UN))
+        released.start()
+        with transaction.atomic():  # waits for the other writer, then goes ahead
+            User.objects.create_user(username="in-time")
+        released.join()
+    finally:
+        os.close(other_writer)
+    assert list(User.objects.filter(username__in=["too-late", "in-time"]).values_list("username", flat=True)) == [
+        "in-time"
+    ]
