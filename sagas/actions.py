@@ -453,13 +453,22 @@ _LOADS_SQL = (
 def check_ask(saga: Saga, sender: Collaborator, to: str, mode: str, *, now: Any) -> tuple[Collaborator, int]:
     """Whether sender may ask `to` now: visible, addressable, available, within the limits.
     Returns the recipient (with its run) and the new request's hop."""
-    tree = SagaTree.load(saga)
-    recipient = next((c for c in tree.members.values() if c.handle == to), None)  # with its run
-    if recipient is None or recipient.pk not in tree.visible_ids(sender) or not recipient.is_agent:
+    kind, _, name = to.partition(":")
+    recipient = (
+        Collaborator.objects.select_related("run").filter(saga=saga, kind=kind, name=name).first()
+        if kind == Collaborator.Kind.AGENT
+        else None
+    )
+    if recipient is None:
         raise errors.NotFound(f"No collaborator {to} in this saga.")
     if recipient.pk == sender.pk:
         raise errors.InvalidPayload("An agent cannot ask itself.", errors={"to": ["That is you."]})
+    # The address grants follow the saga tree (sync_address_grants) and every agent one may address
+    # is one it sees: a grant settles it. Only a refusal needs the tree, to tell an agent the
+    # sender cannot see (404, as for one that does not exist) from one it may not address.
     if not may_address(sender, recipient):
+        if recipient.pk not in SagaTree.load(saga).visible_ids(sender):
+            raise errors.NotFound(f"No collaborator {to} in this saga.")
         raise errors.NotAddressable(f"The saga's {saga.policy} policy does not let {sender.handle} address {to}.")
     if recipient.run.is_finished and not recipient.run.resumable:
         raise errors.RecipientUnavailable(f"{to} has {recipient.run.status} and cannot resume.")
