@@ -23,7 +23,7 @@ from agents import scripted
 from agents.models import AgentProfile, TranscriptEntry
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
-from config.sql import db_value
+from config.sql import db_value, one
 from journal.actions import record
 from sagas import actions
 from sagas.models import AgentRequest, Run, SteeringItem
@@ -91,7 +91,7 @@ class Turns:
         self.collaborator = run.collaborator
         self.saga_id = self.collaborator.saga_id
         self.turn = run.turn + 1  # once claimed
-        self.profile = AgentProfile.objects.filter(name=self.collaborator.profile).first()
+        self.profile = one(AgentProfile.objects.filter(name=self.collaborator.profile))
         self.slice_ends = time.monotonic() + settings.AGORA_TURN_SLICE_S
         # Read once the run is claimed: while this task holds its lease nobody else writes it.
         self.transcript = Transcript(run.pk)

@@ -7,26 +7,22 @@ from uuid import UUID
 
 from channels.layers import get_channel_layer
 from django.db import connection, transaction
-from django.utils.timezone import now
 
 from config.notify import notifier
-from config.sql import db_value
+from config.sql import db_value, insert
 from journal.models import JournalEvent, JournalHead
 
 logger = logging.getLogger(__name__)
 
-# Two plain statements, no ORM: every change in Agora writes here, several times per agent turn.
-# The first allocates the next seq: it inserts the saga's head row or bumps it, and returns the
-# new value. The row lock it takes is held until commit, so a saga's writers run one after
-# another (SQLite serialises all writers anyway): seqs are gap-free and appear in commit order.
+# Two plain statements, no ORM compile (config/sql.py): every change in Agora writes here, several
+# times per agent turn. The first allocates the next seq: it inserts the saga's head row or bumps
+# it, and returns the new value. The row lock it takes is held until commit, so a saga's writers
+# run one after another (SQLite serialises all writers anyway): seqs are gap-free and appear in
+# commit order.
 _NEXT_SEQ_SQL = (
     f"INSERT INTO {JournalHead._meta.db_table} (saga_id, last_seq) VALUES (%s, 1) "
     f"ON CONFLICT (saga_id) DO UPDATE SET last_seq = {JournalHead._meta.db_table}.last_seq + 1 "
     "RETURNING last_seq"
-)
-_INSERT_SQL = (
-    f"INSERT INTO {JournalEvent._meta.db_table} (saga_id, seq, type, actor, run_id, data, created_at) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id"
 )
 
 
@@ -40,18 +36,12 @@ def record(
     *, saga_id: UUID | str, type: str, actor: str = "", run_id: str = "", data: dict[str, Any] | None = None
 ) -> JournalEvent:
     """Append one event to a saga's journal, in the caller's transaction; it is published after commit."""
-    saga_key = db_value(JournalEvent, "saga", saga_id)
     with connection.cursor() as cursor:
-        cursor.execute(_NEXT_SEQ_SQL, [saga_key])
+        cursor.execute(_NEXT_SEQ_SQL, [db_value(JournalEvent, "saga", saga_id)])
         (seq,) = cursor.fetchone()
-        # Stamped once the seq is taken, while the saga's other writers wait: seq order is time order.
-        event = JournalEvent(
-            saga_id=saga_id, seq=seq, type=type, actor=actor, run_id=run_id, data=data or {}, created_at=now()
-        )
-        row = [saga_key, seq, type, actor, run_id, db_value(JournalEvent, "data", event.data)]
-        cursor.execute(_INSERT_SQL, [*row, db_value(JournalEvent, "created_at", event.created_at)])
-        (event.pk,) = cursor.fetchone()
-    event._state.adding, event._state.db = False, connection.alias
+    # Stamped (auto_now_add) once the seq is taken, while the saga's other writers wait: seq order
+    # is time order.
+    event = insert(JournalEvent(saga_id=saga_id, seq=seq, type=type, actor=actor, run_id=run_id, data=data or {}))
     transaction.on_commit(partial(publish, saga_id, event.as_dict()))
     return event
 

@@ -22,6 +22,7 @@ from guardian.shortcuts import assign_perm
 
 from accounts.actions import create_agent_user, issue_token
 from accounts.models import User
+from config.sql import insert, one
 from journal.actions import record
 from sagas import errors, forms
 from sagas.access import SagaTree, may_address, may_manage, sync_address_grants
@@ -260,10 +261,10 @@ def push_steering(
     with connection.cursor() as cursor:
         cursor.execute(_NEXT_STEERING_SEQ_SQL, [recipient.pk])
         (seq,) = cursor.fetchone()
-    item = SteeringItem.objects.create(
+    item = insert(SteeringItem(
         recipient=recipient, seq=seq, kind=kind, sender=sender, request=request, human_request=human_request,
         payload=payload,
-    )  # fmt: skip
+    ))  # fmt: skip
     wake(recipient)
     return item
 
@@ -409,7 +410,7 @@ def ask_agent(
     )  # fmt: skip
     try:
         with transaction.atomic():
-            request.save(force_insert=True)
+            insert(request)
     except IntegrityError:  # its key was used before: answer with that request (or a conflict)
         first = replay(sender, idempotency_key, digest) if idempotency_key else None
         if first is None:
@@ -455,7 +456,7 @@ def check_ask(saga: Saga, sender: Collaborator, to: str, mode: str, *, now: Any)
     Returns the recipient (with its run) and the new request's hop."""
     kind, _, name = to.partition(":")
     recipient = (
-        Collaborator.objects.select_related("run").filter(saga=saga, kind=kind, name=name).first()
+        one(Collaborator.objects.select_related("run").filter(saga=saga, kind=kind, name=name))
         if kind == Collaborator.Kind.AGENT
         else None
     )
@@ -542,7 +543,7 @@ def request_visible_to(request: AgentRequest, user: User) -> bool:
 
 def get_request_for(user: User, request_id: str) -> AgentRequest:
     """The request if user is its sender, recipient or a manager of its saga; else 404."""
-    request = AgentRequest.objects.select_related("sender", "recipient").filter(pk=request_id).first()
+    request = one(AgentRequest.objects.select_related("sender", "recipient").filter(pk=request_id))
     if request is None or not request_visible_to(request, user):
         raise errors.NotFound(f"No request {request_id}.")
     return request
@@ -829,11 +830,8 @@ def lease_deadline() -> Any:
 
 def queued_run(run_id: str) -> Run | None:
     """The run, with what a turn needs of it, if it is queued for a turn."""
-    return (
-        Run.objects.select_related("collaborator__saga", "collaborator__user")
-        .filter(pk=run_id, status=Run.Status.QUEUED)
-        .first()
-    )
+    runs = Run.objects.select_related("collaborator__saga", "collaborator__user")
+    return one(runs.filter(pk=run_id, status=Run.Status.QUEUED))
 
 
 def take_turn(run: Run) -> bool:
