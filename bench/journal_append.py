@@ -7,7 +7,7 @@ table shaped like `journal_journalevent` (same columns, unique (saga, seq), same
 seq counted in Python: what a journal without gap-free numbering, the ORM or publishing would cost.
 `record()` is measured twice: with the channel layer switched off, and publishing each event after
 commit to a real Redis (REDIS_URL when set, else the embedded redis-server started here), with no
-socket subscribed; the sends run on the publisher's thread, and the timing waits for the last one.
+socket subscribed; the sends run on the notification thread, and the timing waits for the last one.
 Rounds interleave the three variants; the median of the rounds is printed.
 
 Runs on SQLite (a temporary data dir, the settings `make run` uses) and, when it answers, on
@@ -102,7 +102,7 @@ def measure(events: int, rounds: int) -> dict[str, Any]:
     def recorded(saga_id: uuid.UUID, n: int) -> None:
         for _ in range(n):
             record(saga_id=saga_id, type="request.sent", actor="agent:coder", data=data)
-        notifier().flush(60)  # the sends happen on the publisher's thread: count them in
+        notifier().flush(60)  # the sends happen on the notification thread: count them in
 
     def recorded_quietly(saga_id: uuid.UUID, n: int) -> None:
         with override_settings(CHANNEL_LAYERS={}):  # get_channel_layer() is None: publish() returns at once

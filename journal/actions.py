@@ -50,9 +50,11 @@ def publish(saga_id: UUID | str, event: dict[str, Any]) -> None:
     """Ring the saga's live listeners, without waiting: the events of one saga that are waiting to
     go out leave together, in one message."""
 
+    layer = get_channel_layer()
+    if layer is None:
+        return
+
     async def send_all(events: list[dict[str, Any]]) -> None:
-        layer = get_channel_layer()
-        if layer is not None:
-            await layer.group_send(group_name(saga_id), {"type": "journal.events", "events": events})
+        await layer.group_send(group_name(saga_id), {"type": "journal.events", "events": events})
 
     notifier().gather(f"journal:{saga_id}", event, send_all, f"journal publish for saga {saga_id} seq {event['seq']}")
