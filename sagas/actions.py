@@ -22,7 +22,7 @@ from guardian.shortcuts import assign_perm
 
 from accounts.actions import create_agent_user, issue_token
 from accounts.models import User
-from config.sql import insert, one
+from config.sql import db_value, insert, one
 from journal.actions import record
 from sagas import errors, forms
 from sagas.access import SagaTree, may_address, may_manage, sync_address_grants
@@ -444,7 +444,7 @@ def ask_agent(
 # requests, the deepest hop among the open requests it received, the recipient's unread steering.
 _OPEN_STATUSES = [status.value for status in AgentRequest.OPEN]
 _OPEN = ", ".join(["%s"] * len(_OPEN_STATUSES))
-_LOADS_SQL = (
+_LIMITS_SQL = (
     f"SELECT (SELECT COUNT(*) FROM {AgentRequest._meta.db_table} WHERE sender_id = %s AND status IN ({_OPEN})), "
     f"(SELECT MAX(hop) FROM {AgentRequest._meta.db_table} WHERE recipient_id = %s AND status IN ({_OPEN})), "
     f"(SELECT COUNT(*) FROM {SteeringItem._meta.db_table} WHERE recipient_id = %s AND consumed_at IS NULL)"
@@ -474,7 +474,7 @@ def check_ask(saga: Saga, sender: Collaborator, to: str, mode: str, *, now: Any)
     if recipient.run.is_finished and not recipient.run.resumable:
         raise errors.RecipientUnavailable(f"{to} has {recipient.run.status} and cannot resume.")
     with connection.cursor() as cursor:
-        cursor.execute(_LOADS_SQL, [sender.pk, *_OPEN_STATUSES, sender.pk, *_OPEN_STATUSES, recipient.pk])
+        cursor.execute(_LIMITS_SQL, [sender.pk, *_OPEN_STATUSES, sender.pk, *_OPEN_STATUSES, recipient.pk])
         sent, deepest, backlog = cursor.fetchone()
     if sent >= settings.AGORA_MAX_PENDING_PER_SENDER:
         raise errors.TooManyPending(
@@ -882,9 +882,8 @@ def renew_lease(*, run_id: str, turn: int, next_turn: bool = False) -> bool:
     """Extend the lease of the running turn `turn`, or with `next_turn` move on to turn + 1 under
     a fresh lease. False once the turn has been taken away from this worker. A plain statement:
     every transaction of a turn starts with it."""
-    now = timezone.now()
-    lease_until = connection.ops.adapt_datetimefield_value(now + timedelta(seconds=settings.AGORA_LEASE_S))
-    updated_at = connection.ops.adapt_datetimefield_value(now)
+    lease_until = db_value(Run, "lease_until", lease_deadline())
+    updated_at = db_value(Run, "updated_at", timezone.now())
     with connection.cursor() as cursor:
         cursor.execute(_LEASE_SQL, [turn + next_turn, lease_until, updated_at, run_id, Run.Status.RUNNING.value, turn])
         return cursor.rowcount == 1
