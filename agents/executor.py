@@ -23,7 +23,7 @@ from agents import scripted
 from agents.models import AgentProfile, TranscriptEntry
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
-from config.sql import db_value, one
+from config.sql import columns, db_value, fetch, py_value
 from journal.actions import record
 from sagas import actions
 from sagas.models import AgentRequest, Run, SteeringItem
@@ -91,7 +91,7 @@ class Turns:
         self.collaborator = run.collaborator
         self.saga_id = self.collaborator.saga_id
         self.turn = run.turn + 1  # once claimed
-        self.profile = one(AgentProfile.objects.filter(name=self.collaborator.profile))
+        self.profile = profile(self.collaborator.profile)
         self.slice_ends = time.monotonic() + settings.AGORA_TURN_SLICE_S
         # Read once the run is claimed: while this task holds its lease nobody else writes it.
         self.transcript = Transcript(run.pk)
@@ -294,9 +294,11 @@ class Transcript:
         self.unsaved: list[tuple[int, int, dict[str, Any], int]] = []  # (seq, turn, message, tokens)
 
     def read_new(self) -> None:
-        rows = TranscriptEntry.objects.filter(run_id=self.run_id, seq__gt=self.last_seq).order_by("seq")
-        for seq, message, tokens in rows.values_list("seq", "message", "tokens"):
-            self.messages.append(message)
+        with connection.cursor() as cursor:
+            cursor.execute(_READ_SQL, [self.run_id, self.last_seq])
+            rows = cursor.fetchall()
+        for seq, message, tokens in rows:
+            self.messages.append(py_value(TranscriptEntry, "message", message))
             self.last_seq, self.tokens = seq, self.tokens + tokens
 
     def append(self, turn: int, messages: list[dict[str, Any]], *, tokens: int = 0) -> None:
@@ -322,6 +324,9 @@ class Transcript:
         self.unsaved = []
 
 
+_READ_SQL = (
+    f"SELECT seq, message, tokens FROM {TranscriptEntry._meta.db_table} WHERE run_id = %s AND seq > %s ORDER BY seq"
+)
 _INSERT_SQL = f"INSERT INTO {TranscriptEntry._meta.db_table} (run_id, seq, turn, message, tokens, created_at) VALUES "
 
 
@@ -341,6 +346,14 @@ def keep_transcript(transcript: Transcript) -> None:
     _kept[transcript.run_id] = transcript
     while len(_kept) > KEPT_TRANSCRIPTS:
         _kept.popitem(last=False)
+
+
+def profile(name: str) -> AgentProfile | None:
+    rows = fetch(_PROFILE_SQL, [name], AgentProfile)
+    return rows[0][0] if rows else None
+
+
+_PROFILE_SQL = f"SELECT {columns(AgentProfile, 'p')} FROM {AgentProfile._meta.db_table} p WHERE p.name = %s"
 
 
 def tool_message(call_id: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""Helpers for the hot paths: plain INSERTs of model instances, and unique lookups without ordering.
+"""Helpers for the hot paths: plain INSERTs of model instances, and plain SELECTs that load them.
 
-Building a statement costs the ORM several times what running it costs SQLite. The kernel's
-hottest writes (journal events, steering items, requests, transcript entries) use these instead.
+Building a statement costs the ORM several times what running it costs SQLite. The statements an
+agent turn runs every time (journal events, steering, requests, runs, transcript entries) are
+written out once, as module constants, and use these to turn values and rows into model instances.
 """
 
-from functools import cache
+from collections.abc import Callable, Sequence
+from functools import cache, partial
 from typing import Any, TypeVar
 
 from django.db import connection, models
@@ -15,6 +17,63 @@ M = TypeVar("M", bound=models.Model)
 def db_value(model: type[models.Model], field: str, value: Any) -> Any:
     """`value` prepared for `model.field` on this connection (JSON, datetimes, UUIDs...)."""
     return model._meta.get_field(field).get_db_prep_save(value, connection)  # type: ignore[union-attr]
+
+
+def py_value(model: type[models.Model], field: str, value: Any) -> Any:
+    """The inverse of db_value(): a value as this connection read it from model.field's column."""
+    read = readers(model, connection.vendor)[field]
+    return value if read is None or value is None else read(value)
+
+
+Reader = Callable[[Any], Any]
+
+
+@cache
+def readers(model: type[models.Model], vendor: str) -> dict[str, Reader | None]:
+    """Per field, what the ORM applies to a value it reads from its column: the backend's converters
+    (SQLite's datetimes, booleans, UUIDs), then the field's own (JSON). None: nothing to do."""
+    result: dict[str, Reader | None] = {}
+    for f in model._meta.concrete_fields:
+        col = f.get_col(model._meta.db_table)  # a foreign key's reads as the field it points to
+        converters = (*connection.ops.get_db_converters(col), *col.get_db_converters(connection))
+        result[f.name] = partial(_convert, converters, col) if converters else None
+    return result
+
+
+def _convert(converters: tuple[Any, ...], col: Any, value: Any) -> Any:
+    for convert in converters:
+        value = convert(value, col, connection)
+    return value
+
+
+def columns(model: type[models.Model], alias: str) -> str:
+    """The select list of model's concrete fields, in the order load() takes them."""
+    return ", ".join(f'{alias}."{f.column}"' for f in model._meta.concrete_fields)
+
+
+def load(model: type[M], values: Sequence[Any]) -> M:
+    """An instance from one row's values of columns(model), as the ORM would make it."""
+    fields = model._meta.concrete_fields
+    read = readers(model, connection.vendor)
+    row = [
+        value if value is None or (r := read[f.name]) is None else r(value)
+        for f, value in zip(fields, values, strict=True)
+    ]
+    return model.from_db(connection.alias, [f.attname for f in fields], row)
+
+
+def fetch(sql: str, params: Sequence[Any], *shape: type[models.Model]) -> list[list[Any]]:
+    """Run a SELECT of columns(...) of each model of `shape` in turn, and load each row as one
+    instance per model; None for a model an outer join found no row of (a NULL primary key)."""
+    spans, start = [], 0
+    for model in shape:
+        fields = model._meta.concrete_fields
+        spans.append((model, start, start + len(fields), start + fields.index(model._meta.pk)))
+        start += len(fields)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [[None if row[pk] is None else load(model, row[a:b]) for model, a, b, pk in spans] for row in rows]
 
 
 @cache
@@ -40,8 +99,3 @@ def insert(instance: M) -> M:
     instance._state.adding, instance._state.db = False, connection.alias
     return instance
 
-
-def one(queryset: "models.QuerySet[M]") -> M | None:
-    """The row a unique lookup finds, or None: unlike first(), with no ORDER BY to build and run
-    (a third of the time of a small select_related lookup)."""
-    return next(iter(queryset.order_by()[:1]), None)

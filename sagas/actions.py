@@ -16,13 +16,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 from guardian.shortcuts import assign_perm
 
 from accounts.actions import create_agent_user, issue_token
 from accounts.models import User
-from config.sql import db_value, insert, one
+from config.sql import columns, db_value, fetch, insert
 from journal.actions import record
 from sagas import errors, forms
 from sagas.access import SagaTree, may_address, may_manage, sync_address_grants
@@ -306,18 +305,22 @@ def consume_steering(
     unread. Requests among them become `delivered`.
     """
     lock_saga(recipient.saga_id)
-    with connection.cursor() as cursor:  # most turns find nothing unread: one plain statement tells
-        cursor.execute(_ANY_UNREAD_SQL, [recipient.pk])
-        if cursor.fetchone() is None:
-            return []
-    items = SteeringItem.objects.filter(recipient=recipient, consumed_at__isnull=True)
-    if upto_seq is not None:
-        items = items.filter(seq__lte=upto_seq)
-    consumed = list(items.select_related("request").order_by("seq"))
-    if not consumed:
+    upto = "" if upto_seq is None else " AND i.seq <= %s"
+    rows = fetch(_UNREAD_SQL.format(upto=upto), [recipient.pk, *([] if upto_seq is None else [upto_seq])],
+                 SteeringItem, AgentRequest)  # fmt: skip
+    if not rows:
         return []
+    consumed = []
+    for item, request in rows:
+        item.request = request
+        consumed.append(item)
     now = timezone.now()
-    SteeringItem.objects.filter(pk__in=[i.pk for i in consumed]).update(consumed_at=now, consumed_turn=turn)
+    with connection.cursor() as cursor:
+        ids = ", ".join(["%s"] * len(consumed))
+        cursor.execute(_CONSUME_SQL.format(ids=ids), [db_value(SteeringItem, "consumed_at", now), turn,
+                                                       *(i.pk for i in consumed)])  # fmt: skip
+    for item in consumed:
+        item.consumed_at, item.consumed_turn = now, turn
     requests = [i.request_id for i in consumed if i.kind == SteeringItem.Kind.REQUEST and i.request_id]
     if requests:
         # The compare-and-set alone decides which of them this delivers.
@@ -331,7 +334,12 @@ def consume_steering(
     return consumed
 
 
-_ANY_UNREAD_SQL = f"SELECT 1 FROM {SteeringItem._meta.db_table} WHERE recipient_id = %s AND consumed_at IS NULL LIMIT 1"
+_UNREAD_SQL = (
+    f"SELECT {columns(SteeringItem, 'i')}, {columns(AgentRequest, 'q')} FROM {SteeringItem._meta.db_table} i "
+    f"LEFT JOIN {AgentRequest._meta.db_table} q ON q.id = i.request_id "
+    "WHERE i.recipient_id = %s AND i.consumed_at IS NULL{upto} ORDER BY i.seq"
+)
+_CONSUME_SQL = f"UPDATE {SteeringItem._meta.db_table} SET consumed_at = %s, consumed_turn = %s WHERE id IN ({{ids}})"
 _DELIVER_SQL = (
     f"UPDATE {AgentRequest._meta.db_table} SET status = %s WHERE status = %s AND id IN ({{ids}}) RETURNING id"
 )
@@ -455,11 +463,7 @@ def check_ask(saga: Saga, sender: Collaborator, to: str, mode: str, *, now: Any)
     """Whether sender may ask `to` now: visible, addressable, available, within the limits.
     Returns the recipient (with its run) and the new request's hop."""
     kind, _, name = to.partition(":")
-    recipient = (
-        one(Collaborator.objects.select_related("run").filter(saga=saga, kind=kind, name=name))
-        if kind == Collaborator.Kind.AGENT
-        else None
-    )
+    recipient = agent_with_run(saga, name) if kind == Collaborator.Kind.AGENT else None
     if recipient is None:
         raise errors.NotFound(f"No collaborator {to} in this saga.")
     if recipient.pk == sender.pk:
@@ -488,6 +492,21 @@ def check_ask(saga: Saga, sender: Collaborator, to: str, mode: str, *, now: Any)
     if mode == AgentRequest.Mode.WAIT:
         check_no_cycle(saga, sender, recipient, now=now)
     return recipient, hop
+
+
+def agent_with_run(saga: Saga, name: str) -> Collaborator | None:
+    """The saga's agent of that name, with its run."""
+    params = [db_value(Collaborator, "saga", saga.pk), Collaborator.Kind.AGENT.value, name]
+    for collaborator, run in fetch(_AGENT_WITH_RUN_SQL, params, Collaborator, Run):
+        run.collaborator = collaborator  # and collaborator.run is run
+        return collaborator
+    return None
+
+
+_AGENT_WITH_RUN_SQL = (
+    f"SELECT {columns(Collaborator, 'c')}, {columns(Run, 'r')} FROM {Collaborator._meta.db_table} c "
+    f"JOIN {Run._meta.db_table} r ON r.collaborator_id = c.id WHERE c.saga_id = %s AND c.kind = %s AND c.name = %s"
+)
 
 
 def sender_run_id(collaborator: Collaborator) -> str:
@@ -543,10 +562,18 @@ def request_visible_to(request: AgentRequest, user: User) -> bool:
 
 def get_request_for(user: User, request_id: str) -> AgentRequest:
     """The request if user is its sender, recipient or a manager of its saga; else 404."""
-    request = one(AgentRequest.objects.select_related("sender", "recipient").filter(pk=request_id))
-    if request is None or not request_visible_to(request, user):
-        raise errors.NotFound(f"No request {request_id}.")
-    return request
+    for request, sender, recipient in fetch(_REQUEST_SQL, [request_id], AgentRequest, Collaborator, Collaborator):
+        request.sender, request.recipient = sender, recipient
+        if request_visible_to(request, user):
+            return request
+    raise errors.NotFound(f"No request {request_id}.")
+
+
+_REQUEST_SQL = (
+    f"SELECT {columns(AgentRequest, 'q')}, {columns(Collaborator, 's')}, {columns(Collaborator, 'r')} "
+    f"FROM {AgentRequest._meta.db_table} q JOIN {Collaborator._meta.db_table} s ON s.id = q.sender_id "
+    f"JOIN {Collaborator._meta.db_table} r ON r.id = q.recipient_id WHERE q.id = %s"
+)
 
 
 def closed_error(request: AgentRequest) -> errors.KernelError:
@@ -582,12 +609,22 @@ def normalise_error(error: Any) -> dict[str, Any]:
     return {"code": "error", "message": str(error)}
 
 
-def settle(request: AgentRequest, status: str, *, where: Q | None = None, **fields: Any) -> bool:
-    """Compare-and-set an open request to a terminal status. The one that wins also updates the
-    object it holds (loaded with its sender and recipient, which close_request() reads)."""
+def settle(request: AgentRequest, status: str, *, expired_by: Any = None, **fields: Any) -> bool:
+    """Compare-and-set an open request (with `expired_by`, one whose TTL ended by then) to a
+    terminal status. The one that wins also updates the object it holds (loaded with its sender
+    and recipient, which close_request() reads). A plain statement: every reply runs it."""
     changes = {"status": status, "wait_deadline": None, "updated_at": timezone.now(), **fields}
-    if not AgentRequest.objects.filter(where or Q(), pk=request.pk, status__in=AgentRequest.OPEN).update(**changes):
-        return False
+    sets = ", ".join(f'"{AgentRequest._meta.get_field(name).column}" = %s' for name in changes)  # type: ignore[union-attr]
+    params = [db_value(AgentRequest, name, value) for name, value in changes.items()]
+    sql = f"UPDATE {AgentRequest._meta.db_table} SET {sets} WHERE id = %s AND status IN ({_OPEN})"
+    params += [request.pk, *_OPEN_STATUSES]
+    if expired_by is not None:
+        sql += " AND expires_at <= %s"
+        params.append(db_value(AgentRequest, "expires_at", expired_by))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if cursor.rowcount != 1:
+            return False
     for name, value in changes.items():
         setattr(request, name, value)
     return True
@@ -672,7 +709,7 @@ def expire_request(*, request_id: str) -> bool:
     if request is None:
         return False
     lock_saga(request.saga_id)
-    if not settle(request, Status.EXPIRED, where=Q(expires_at__lte=timezone.now())):
+    if not settle(request, Status.EXPIRED, expired_by=timezone.now()):
         return False
     close_request(request, actor="system", notify_recipient=True)
     return True
@@ -829,9 +866,22 @@ def lease_deadline() -> Any:
 
 
 def queued_run(run_id: str) -> Run | None:
-    """The run, with what a turn needs of it, if it is queued for a turn."""
-    runs = Run.objects.select_related("collaborator__saga", "collaborator__user")
-    return one(runs.filter(pk=run_id, status=Run.Status.QUEUED))
+    """The run, with what a turn needs of it (its collaborator, saga and user), if it is queued."""
+    for run, collaborator, saga, user in fetch(
+        _QUEUED_RUN_SQL, [run_id, Run.Status.QUEUED.value], Run, Collaborator, Saga, User
+    ):
+        collaborator.saga, collaborator.user = saga, user
+        run.collaborator = collaborator
+        return run
+    return None
+
+
+_QUEUED_RUN_SQL = (
+    f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')}, {columns(Saga, 's')}, {columns(User, 'u')} "
+    f"FROM {Run._meta.db_table} r JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id "
+    f"JOIN {Saga._meta.db_table} s ON s.id = c.saga_id JOIN {User._meta.db_table} u ON u.id = c.user_id "
+    "WHERE r.id = %s AND r.status = %s"
+)
 
 
 def take_turn(run: Run) -> bool:
@@ -917,24 +967,41 @@ def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str 
     """
     collaborator = run.collaborator
     lock_saga(collaborator.saga_id)
-    mine = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, turn=turn)
     if run.waiting_on_id:
         request = AgentRequest.objects.get(pk=run.waiting_on_id)
         if request.is_open and request.wait_deadline is not None:
+            mine = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, turn=turn)
             if mine.update(status=Run.Status.WAITING, wait_until=request.wait_deadline, lease_until=None):
                 record_rest(run, Run.Status.WAITING, turn=turn, request_id=request.pk)
             return Run.Status.WAITING
         more = True  # answered (or timed out) before the turn even ended
-    unread = not more and SteeringItem.objects.filter(recipient=collaborator, consumed_at__isnull=True).exists()
-    status = Run.Status.QUEUED if more or unread else Run.Status.IDLE
+    status = Run.Status.QUEUED if more or has_unread(collaborator) else Run.Status.IDLE
     if status == Run.Status.QUEUED and carry_on:
         return Run.Status.RUNNING if renew_lease(run_id=run.pk, turn=turn, next_turn=True) else None
-    moved = mine.update(status=status, lease_until=None, updated_at=timezone.now())
+    with connection.cursor() as cursor:
+        updated_at = db_value(Run, "updated_at", timezone.now())
+        cursor.execute(_REST_SQL, [str(status), updated_at, run.pk, Run.Status.RUNNING.value, turn])
+        moved = cursor.rowcount == 1
     if moved and status == Run.Status.QUEUED:
         ring_run_after_commit(run.pk)
     elif moved:
         record_rest(run, status, turn=turn)
     return status
+
+
+_REST_SQL = (
+    f"UPDATE {Run._meta.db_table} SET status = %s, lease_until = NULL, updated_at = %s "
+    "WHERE id = %s AND status = %s AND turn = %s"
+)
+
+
+def has_unread(collaborator: Collaborator) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(_ANY_UNREAD_SQL, [collaborator.pk])
+        return cursor.fetchone() is not None
+
+
+_ANY_UNREAD_SQL = f"SELECT 1 FROM {SteeringItem._meta.db_table} WHERE recipient_id = %s AND consumed_at IS NULL LIMIT 1"
 
 
 def record_rest(run: Run, status: str, *, turn: int, request_id: str = "") -> None:

@@ -1,0 +1,78 @@
+"""The hot paths' plain statements load the same instances the ORM would."""
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import models
+from django.utils import timezone
+
+from accounts.models import User
+from agents.models import TranscriptEntry
+from config.sql import columns, db_value, fetch, insert, py_value
+from sagas.actions import add_agent, ask_agent, create_saga
+from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
+
+pytestmark = pytest.mark.django_db
+
+
+def field_values(instance: models.Model) -> dict[str, Any]:
+    return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
+
+
+def test_fetch_loads_what_the_orm_loads(alice: User) -> None:
+    saga = create_saga(title="Plain", owner=alice)
+    asker, _ = add_agent(saga=saga, name="a", role="A", task="Ask", runtime="external", by=alice)
+    add_agent(saga=saga, name="b", role="B", task="Answer", runtime="external", resumable=True, by=alice)
+    request, _ = ask_agent(sender=asker, to="agent:b", type="t.x", payload={"n": [1, 2.5, "é"]}, mode="wait")
+    sql = (
+        f"SELECT {columns(AgentRequest, 'q')}, {columns(Collaborator, 'c')}, {columns(Run, 'r')}, "
+        f"{columns(Saga, 's')}, {columns(User, 'u')} FROM {AgentRequest._meta.db_table} q "
+        f"JOIN {Collaborator._meta.db_table} c ON c.id = q.recipient_id "
+        f"JOIN {Run._meta.db_table} r ON r.collaborator_id = c.id JOIN {Saga._meta.db_table} s ON s.id = q.saga_id "
+        f"JOIN {User._meta.db_table} u ON u.id = c.user_id WHERE q.id = %s"
+    )
+
+    ((loaded_request, recipient, run, loaded_saga, user),) = fetch(
+        sql, [request.pk], AgentRequest, Collaborator, Run, Saga, User
+    )
+
+    orm = AgentRequest.objects.select_related("recipient__run", "recipient__user", "saga").get(pk=request.pk)
+    for mine, theirs in [
+        (loaded_request, orm),
+        (recipient, orm.recipient),
+        (run, orm.recipient.run),
+        (loaded_saga, orm.saga),
+        (user, orm.recipient.user),
+    ]:
+        assert type(mine) is type(theirs)
+        assert field_values(mine) == field_values(theirs)
+        assert not mine._state.adding
+    assert loaded_request.payload == {"n": [1, 2.5, "é"]} and loaded_request.reply is None
+    assert loaded_request.wait_deadline is not None and loaded_request.wait_deadline.tzinfo is not None
+    assert run.resumable is True and loaded_saga.pk == saga.pk
+
+
+def test_an_outer_join_without_a_row_loads_none(alice: User) -> None:
+    saga = create_saga(title="Plain", owner=alice)
+    agent, _ = add_agent(saga=saga, name="a", role="A", task="Wait", runtime="external", by=alice)
+    item = insert(
+        SteeringItem(recipient=agent, seq=1, kind=SteeringItem.Kind.MESSAGE, sender="human:alice", payload="hi")
+    )
+    sql = (
+        f"SELECT {columns(SteeringItem, 'i')}, {columns(AgentRequest, 'q')} FROM {SteeringItem._meta.db_table} i "
+        f"LEFT JOIN {AgentRequest._meta.db_table} q ON q.id = i.request_id WHERE i.id = %s"
+    )
+
+    ((loaded, request),) = fetch(sql, [item.pk], SteeringItem, AgentRequest)
+
+    assert request is None
+    assert field_values(loaded) == field_values(SteeringItem.objects.get(pk=item.pk))
+
+
+def test_py_value_reads_back_what_db_value_wrote() -> None:
+    message = {"role": "tool", "content": "[1, 2]", "tool_calls": [{"id": "x"}]}
+    assert py_value(TranscriptEntry, "message", db_value(TranscriptEntry, "message", message)) == message
+    when = timezone.now() - timedelta(days=3)
+    assert py_value(Run, "lease_until", db_value(Run, "lease_until", when)) == when
+    assert py_value(Run, "lease_until", None) is None
