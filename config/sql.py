@@ -98,4 +98,3 @@ def insert(instance: M) -> M:
             (instance.pk,) = cursor.fetchone()
     instance._state.adding, instance._state.db = False, connection.alias
     return instance
-
