@@ -8,6 +8,7 @@ queued for any worker once the task's time slice is used).
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -36,26 +37,53 @@ class LostTurn(Exception):
 
 
 class Heartbeat(threading.Thread):
-    """Renews the lease while a long turn (a slow model call) runs, following the turn number as
-    the task goes from one turn to the next."""
+    """Renews the leases of the turns this process is running, so that a long turn (a slow model
+    call) keeps its run, following each run's turn number as its task goes from turn to turn. One
+    thread per process, started with its first task (again in a forked pool process)."""
 
-    def __init__(self, turns: "Turns") -> None:
-        super().__init__(daemon=True, name=f"heartbeat-{turns.run.pk}")
-        self.turns = turns
-        self.stopped = threading.Event()
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="heartbeat")
+        self.pid = os.getpid()
+        self.beating: dict[str, Turns] = {}  # by run id
+        self.lock = threading.Lock()
+
+    def add(self, turns: "Turns") -> None:
+        with self.lock:
+            self.beating[turns.run.pk] = turns
+
+    def remove(self, turns: "Turns") -> None:
+        with self.lock:
+            if self.beating.get(turns.run.pk) is turns:
+                del self.beating[turns.run.pk]
 
     def run(self) -> None:
-        try:
-            while not self.stopped.wait(settings.AGORA_LEASE_S / 3):
-                turn = self.turns.turn
-                if not actions.renew_lease(run_id=self.turns.run.pk, turn=turn) and turn == self.turns.turn:
-                    return  # taken over: the turn's next write finds out and stops (LostTurn)
-        finally:
-            connection.close()
+        while True:
+            time.sleep(settings.AGORA_LEASE_S / 3)
+            with self.lock:
+                beating = list(self.beating.values())
+            try:
+                for turns in beating:
+                    turn = turns.turn
+                    if not actions.renew_lease(run_id=turns.run.pk, turn=turn) and turn == turns.turn:
+                        self.remove(turns)  # taken over: the turn's next write finds out (LostTurn)
+            except Exception:  # the database is away: try again at the next beat
+                logger.exception("lease renewal failed")
+            finally:
+                if beating:
+                    connection.close()
 
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join()
+
+_heartbeat: Heartbeat | None = None
+_heartbeat_lock = threading.Lock()
+
+
+def heartbeat() -> Heartbeat:
+    global _heartbeat
+    with _heartbeat_lock:
+        if _heartbeat is None or _heartbeat.pid != os.getpid():
+            _heartbeat = Heartbeat()
+            _heartbeat.start()
+        return _heartbeat
 
 
 def run_turn(run_id: str) -> None:
@@ -63,15 +91,14 @@ def run_turn(run_id: str) -> None:
     if run is None:
         return  # a redelivered doorbell, or another worker holds the run
     turns = Turns(run)
-    heartbeat = Heartbeat(turns)
-    heartbeat.start()
+    heartbeat().add(turns)
     try:
         turns.execute()
         keep_transcript(turns.transcript)
     except LostTurn:
         logger.info("run %s: turn %s is another worker's; stopping", run.pk, turns.turn)
     finally:
-        heartbeat.stop()
+        heartbeat().remove(turns)
         if connection.errors_occurred:  # the next task starts on a fresh connection
             connection.close()
 

@@ -889,12 +889,21 @@ def take_turn(run: Run) -> bool:
     the next turn number and a fresh lease; the object follows. False: a redelivered doorbell, or
     another worker got it (which rang its own doorbell for anything after)."""
     lease_until, now = lease_deadline(), timezone.now()
-    if not Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED, turn=run.turn).update(
-        status=Run.Status.RUNNING, turn=run.turn + 1, lease_until=lease_until, updated_at=now
-    ):
-        return False
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_SQL, [
+            Run.Status.RUNNING.value, run.turn + 1, db_value(Run, "lease_until", lease_until),
+            db_value(Run, "updated_at", now), run.pk, Run.Status.QUEUED.value, run.turn,
+        ])  # fmt: skip
+        if cursor.rowcount != 1:
+            return False
     run.status, run.turn, run.lease_until, run.updated_at = Run.Status.RUNNING, run.turn + 1, lease_until, now
     return True
+
+
+_CLAIM_SQL = (
+    f"UPDATE {Run._meta.db_table} SET status = %s, turn = %s, lease_until = %s, updated_at = %s "
+    "WHERE id = %s AND status = %s AND turn = %s"
+)
 
 
 def claim_turn(*, run_id: str) -> Run | None:
