@@ -2,9 +2,10 @@
 
 Both are doorbells rung after commit, at most once (whoever misses one reads the database), so
 the committing thread only hands them over: a turn never waits on the dashboard's fan-out or on
-HTTP waiters. One event loop on a daemon thread sends them one after another, in the order they
-were handed over, and keeps its Redis connections for the process's lifetime. It is made anew in
-a forked child (a Celery pool process), where the parent's thread does not exist.
+HTTP waiters. One event loop on a daemon thread sends them one after another (the items of one
+key in the order they were handed over) and keeps its Redis connections for the process's
+lifetime. It is made anew in a forked child (a Celery pool process), where the parent's thread
+does not exist.
 """
 
 import asyncio
@@ -32,7 +33,11 @@ class Notifier:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self.queue: asyncio.Queue[tuple[Send, str]] = asyncio.Queue(BACKLOG_MAX)
-        self.batches: dict[str, list[Any]] = {}  # items waiting to go out together, by key
+        # Items waiting to go out together, by key: filled by the committing threads, emptied by
+        # the send. Only a new batch wakes the loop; a batch may linger there to take in more.
+        self.batches: dict[str, list[Any]] = {}
+        self.lock = threading.Lock()
+        self.lingering: dict[str, tuple[asyncio.TimerHandle, Send, str]] = {}
         self._redis: Redis | None = None
         threading.Thread(target=self.loop.run_forever, name="notify", daemon=True).start()
         asyncio.run_coroutine_threadsafe(self.drain(), self.loop)
@@ -41,10 +46,16 @@ class Notifier:
         """Hand over `send(notifier)`; `what` names it in the log if it fails."""
         self.loop.call_soon_threadsafe(self.enqueue, send, what)
 
-    def gather(self, key: str, item: Any, send_all: SendAll, what: str) -> None:
+    def gather(self, key: str, item: Any, send_all: SendAll, what: str, *, linger: float = 0.0) -> None:
         """Hand over `item` to go out with the others of its key: a batch that is still waiting
-        takes it, or a new one is queued. Under load a few sends carry many items."""
-        self.loop.call_soon_threadsafe(self.enqueue_gathered, key, item, send_all, what)
+        takes it, or a new one is queued, after `linger` seconds. Under load a few sends carry
+        many items, and the loop thread wakes once per batch, not per item."""
+        with self.lock:
+            if key in self.batches:
+                self.batches[key].append(item)
+                return
+            self.batches[key] = [item]
+        self.loop.call_soon_threadsafe(self.queue_batch, key, send_all, what, linger)
 
     def ping(self, channel: str) -> None:
         """Publish a wake-up on a Redis channel; one ping covers all those waiting for it."""
@@ -56,12 +67,21 @@ class Notifier:
         except asyncio.QueueFull:
             logger.warning("%s dropped: backlog full", what)
 
-    def enqueue_gathered(self, key: str, item: Any, send_all: SendAll, what: str) -> None:
-        if key in self.batches:
-            self.batches[key].append(item)
+    def queue_batch(self, key: str, send_all: SendAll, what: str, linger: float) -> None:
+        send: Send = lambda notifier: send_all(notifier.take_batch(key))  # noqa: E731
+        if linger <= 0:
+            self.enqueue(send, what)
             return
-        self.batches[key] = [item]
-        self.enqueue(lambda notifier: send_all(notifier.batches.pop(key)), what)
+        timer = self.loop.call_later(linger, self.end_linger, key)
+        self.lingering[key] = (timer, send, what)
+
+    def end_linger(self, key: str) -> None:
+        _, send, what = self.lingering.pop(key)
+        self.enqueue(send, what)
+
+    def take_batch(self, key: str) -> list[Any]:
+        with self.lock:
+            return self.batches.pop(key)
 
     async def publish(self, channel: str) -> None:
         if self._redis is None:
@@ -78,10 +98,16 @@ class Notifier:
             finally:
                 self.queue.task_done()
 
+    async def send_now(self) -> None:
+        for key, (timer, _, _) in list(self.lingering.items()):
+            timer.cancel()
+            self.end_linger(key)
+        await self.queue.join()
+
     def flush(self, timeout: float) -> None:
-        """Wait until everything handed over so far was sent (or failed)."""
+        """Wait until everything handed over so far was sent (or failed), lingering or not."""
         try:
-            asyncio.run_coroutine_threadsafe(self.queue.join(), self.loop).result(timeout)
+            asyncio.run_coroutine_threadsafe(self.send_now(), self.loop).result(timeout)
         except TimeoutError:
             logger.warning("%s notifications still unsent", self.queue.qsize())
 

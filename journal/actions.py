@@ -26,6 +26,11 @@ _NEXT_SEQ_SQL = (
 )
 
 
+# How long a saga's first unsent event waits for more to go out with it: a live view does not see
+# 10 ms, and a turn's events then leave in one message instead of one per transaction.
+PUBLISH_LINGER_S = 0.01
+
+
 def group_name(saga_id: UUID | str) -> str:
     """The Channels group that carries one saga's live journal."""
     return f"journal.{saga_id}"
@@ -57,4 +62,10 @@ def publish(saga_id: UUID | str, event: dict[str, Any]) -> None:
     async def send_all(events: list[dict[str, Any]]) -> None:
         await layer.group_send(group_name(saga_id), {"type": "journal.events", "events": events})
 
-    notifier().gather(f"journal:{saga_id}", event, send_all, f"journal publish for saga {saga_id} seq {event['seq']}")
+    notifier().gather(
+        f"journal:{saga_id}",
+        event,
+        send_all,
+        f"journal publish for saga {saga_id} seq {event['seq']}",
+        linger=PUBLISH_LINGER_S,
+    )

@@ -190,3 +190,22 @@ def test_events_waiting_to_go_out_leave_together_in_seq_order(saga: Saga, base_s
 
     message = async_to_sync(receive_within)(layer, channel, 10.0)
     assert [(e["seq"], e["data"]["i"]) for e in message["events"]] == [(base_seq + 1 + i, i) for i in range(5)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_events_of_commits_within_the_linger_leave_together(
+    saga: Saga, base_seq: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    notifier().flush(10)
+    layer: Any = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(group_name(saga.pk), channel)
+    monkeypatch.setattr("journal.actions.PUBLISH_LINGER_S", 60.0)  # longer than the test
+
+    for i in range(3):
+        with transaction.atomic():
+            record(saga_id=saga.pk, type="burst", data={"i": i})
+    notifier().flush(10)  # sends what lingers now
+
+    message = async_to_sync(receive_within)(layer, channel, 10.0)
+    assert [(e["seq"], e["data"]["i"]) for e in message["events"]] == [(base_seq + 1 + i, i) for i in range(3)]
