@@ -9,23 +9,31 @@ from collections.abc import Callable, Sequence
 from functools import cache, partial
 from typing import Any, TypeVar
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 M = TypeVar("M", bound=models.Model)
 
 
+def db() -> BaseDatabaseWrapper:
+    """This thread's connection. Every attribute read through `django.db.connection` looks the
+    connection up again (a context-local lookup): the helpers here look it up once per call."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
 def db_value(model: type[models.Model], field: str, value: Any) -> Any:
     """`value` prepared for `model.field` on this connection (JSON, datetimes, UUIDs...)."""
-    return model._meta.get_field(field).get_db_prep_save(value, connection)  # type: ignore[union-attr]
+    return model._meta.get_field(field).get_db_prep_save(value, db())  # type: ignore[union-attr]
 
 
 def py_value(model: type[models.Model], field: str, value: Any) -> Any:
     """The inverse of db_value(): a value as this connection read it from model.field's column."""
-    read = readers(model, connection.vendor)[field]
-    return value if read is None or value is None else read(value)
+    conn = db()
+    read = readers(model, conn.vendor)[field]
+    return value if read is None or value is None else read(value, conn)
 
 
-Reader = Callable[[Any], Any]
+Reader = Callable[[Any, BaseDatabaseWrapper], Any]
 
 
 @cache
@@ -33,16 +41,17 @@ def readers(model: type[models.Model], vendor: str) -> dict[str, Reader | None]:
     """Per field, what the ORM applies to a value it reads from its column: the backend's converters
     (SQLite's datetimes, booleans, UUIDs), then the field's own (JSON). None: nothing to do."""
     result: dict[str, Reader | None] = {}
+    conn = db()
     for f in model._meta.concrete_fields:
         col = f.get_col(model._meta.db_table)  # a foreign key's reads as the field it points to
-        converters = (*connection.ops.get_db_converters(col), *col.get_db_converters(connection))
+        converters = (*conn.ops.get_db_converters(col), *col.get_db_converters(conn))
         result[f.name] = partial(_convert, converters, col) if converters else None
     return result
 
 
-def _convert(converters: tuple[Any, ...], col: Any, value: Any) -> Any:
+def _convert(converters: tuple[Any, ...], col: Any, value: Any, conn: BaseDatabaseWrapper) -> Any:
     for convert in converters:
-        value = convert(value, col, connection)
+        value = convert(value, col, conn)
     return value
 
 
@@ -51,15 +60,16 @@ def columns(model: type[models.Model], alias: str) -> str:
     return ", ".join(f'{alias}."{f.column}"' for f in model._meta.concrete_fields)
 
 
-def load(model: type[M], values: Sequence[Any]) -> M:
+def load(model: type[M], values: Sequence[Any], conn: BaseDatabaseWrapper | None = None) -> M:
     """An instance from one row's values of columns(model), as the ORM would make it."""
+    conn = conn or db()
     fields = model._meta.concrete_fields
-    read = readers(model, connection.vendor)
+    read = readers(model, conn.vendor)
     row = [
-        value if value is None or (r := read[f.name]) is None else r(value)
+        value if value is None or (r := read[f.name]) is None else r(value, conn)
         for f, value in zip(fields, values, strict=True)
     ]
-    return model.from_db(connection.alias, [f.attname for f in fields], row)
+    return model.from_db(conn.alias, [f.attname for f in fields], row)
 
 
 def fetch(sql: str, params: Sequence[Any], *shape: type[models.Model]) -> list[list[Any]]:
@@ -70,10 +80,11 @@ def fetch(sql: str, params: Sequence[Any], *shape: type[models.Model]) -> list[l
         fields = model._meta.concrete_fields
         spans.append((model, start, start + len(fields), start + fields.index(model._meta.pk)))
         start += len(fields)
-    with connection.cursor() as cursor:
+    conn = db()
+    with conn.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    return [[None if row[pk] is None else load(model, row[a:b]) for model, a, b, pk in spans] for row in rows]
+    return [[None if row[pk] is None else load(model, row[a:b], conn) for model, a, b, pk in spans] for row in rows]
 
 
 @cache
@@ -82,7 +93,7 @@ def insert_sql(model: type[models.Model], vendor: str) -> tuple[str, tuple[Any, 
     meta = model._meta
     auto_pk = isinstance(meta.pk, models.AutoField)
     fields = tuple(f for f in meta.concrete_fields if not (auto_pk and f.primary_key))
-    columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in fields)
+    columns = ", ".join(db().ops.quote_name(str(f.column)) for f in fields)
     sql = f"INSERT INTO {meta.db_table} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})"
     return (sql + f" RETURNING {meta.pk.column}" if auto_pk else sql), fields, auto_pk
 
@@ -90,11 +101,12 @@ def insert_sql(model: type[models.Model], vendor: str) -> tuple[str, tuple[Any, 
 def insert(instance: M) -> M:
     """Save a new instance with one plain INSERT, as save(force_insert=True) would (defaults,
     auto_now_add), but without the ORM's compile step and signals."""
-    sql, fields, auto_pk = insert_sql(type(instance), connection.vendor)
-    params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
-    with connection.cursor() as cursor:
+    conn = db()
+    sql, fields, auto_pk = insert_sql(type(instance), conn.vendor)
+    params = [f.get_db_prep_save(f.pre_save(instance, True), conn) for f in fields]
+    with conn.cursor() as cursor:
         cursor.execute(sql, params)
         if auto_pk:
             (instance.pk,) = cursor.fetchone()
-    instance._state.adding, instance._state.db = False, connection.alias
+    instance._state.adding, instance._state.db = False, conn.alias
     return instance

@@ -13,15 +13,33 @@ Statements outside transactions and other programs still meet the busy timeout, 
 import fcntl
 import os
 import time
+from functools import lru_cache
 from typing import Any
 
 from django.db import OperationalError
 from django.db.backends.sqlite3 import base
 
 
+class CursorWrapper(base.SQLiteCursorWrapper):
+    """Remembers the qmark form of the statements it runs: the same few run over and over."""
+
+    def convert_query(self, query: str, *, param_names: list[str] | None = None) -> str:
+        if param_names is None:
+            return qmark(query)
+        return super().convert_query(query, param_names=param_names)
+
+
+@lru_cache(maxsize=4096)
+def qmark(query: str) -> str:
+    return base.FORMAT_QMARK_REGEX.sub("?", query).replace("%%", "%")
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
     writer_lock: tuple[int, int] | None = None  # (pid, fd): a forked child opens its own
     holds_writer_lock = False
+
+    def create_cursor(self, name: str | None = None) -> Any:
+        return self.connection.cursor(factory=CursorWrapper)
 
     def _start_transaction_under_autocommit(self) -> None:
         if not self.is_in_memory_db():
