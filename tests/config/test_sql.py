@@ -1,15 +1,13 @@
 """The hot paths' plain statements load the same instances the ORM would."""
 
-from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import models
-from django.utils import timezone
+from django.db import connection, models
 
 from accounts.models import User
 from agents.models import TranscriptEntry
-from config.sql import columns, db_value, fetch, insert, py_value
+from config.sql import columns, fetch, insert, py_value
 from sagas.actions import add_agent, ask_agent, create_saga
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
 
@@ -70,9 +68,15 @@ def test_an_outer_join_without_a_row_loads_none(alice: User) -> None:
     assert field_values(loaded) == field_values(SteeringItem.objects.get(pk=item.pk))
 
 
-def test_py_value_reads_back_what_db_value_wrote() -> None:
-    message = {"role": "tool", "content": "[1, 2]", "tool_calls": [{"id": "x"}]}
-    assert py_value(TranscriptEntry, "message", db_value(TranscriptEntry, "message", message)) == message
-    when = timezone.now() - timedelta(days=3)
-    assert py_value(Run, "lease_until", db_value(Run, "lease_until", when)) == when
-    assert py_value(Run, "lease_until", None) is None
+def test_py_value_makes_what_the_orm_makes_of_a_column(alice: User) -> None:
+    saga = create_saga(title="Plain", owner=alice)
+    agent, _ = add_agent(saga=saga, name="a", role="A", task="Talk", runtime="external", by=alice)
+    message = {"role": "tool", "content": "[1, 2]", "tool_calls": [{"id": "x", "é": None}]}
+    entry = TranscriptEntry.objects.create(run=agent.run, seq=1, turn=1, message=message)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT message, created_at FROM {TranscriptEntry._meta.db_table} WHERE id = %s", [entry.pk])
+        raw_message, raw_created = cursor.fetchone()
+
+    assert py_value(TranscriptEntry, "message", raw_message) == message
+    assert py_value(TranscriptEntry, "created_at", raw_created) == TranscriptEntry.objects.get(pk=entry.pk).created_at
+    assert py_value(TranscriptEntry, "created_at", None) is None
