@@ -61,23 +61,29 @@ class Notifier:
         """Publish a wake-up on a Redis channel; one ping covers all those waiting for it."""
         self.gather(f"ping:{channel}", None, lambda _: self.publish(channel), f"wake-up publish on {channel}")
 
-    def enqueue(self, send: Send, what: str) -> None:
+    def enqueue(self, send: Send, what: str) -> bool:
         try:
             self.queue.put_nowait((send, what))
+            return True
         except asyncio.QueueFull:
             logger.warning("%s dropped: backlog full", what)
+            return False
 
     def queue_batch(self, key: str, send_all: SendAll, what: str, linger: float) -> None:
         send: Send = lambda notifier: send_all(notifier.take_batch(key))  # noqa: E731
         if linger <= 0:
-            self.enqueue(send, what)
+            self.enqueue_batch(key, send, what)
             return
         timer = self.loop.call_later(linger, self.end_linger, key)
         self.lingering[key] = (timer, send, what)
 
     def end_linger(self, key: str) -> None:
         _, send, what = self.lingering.pop(key)
-        self.enqueue(send, what)
+        self.enqueue_batch(key, send, what)
+
+    def enqueue_batch(self, key: str, send: Send, what: str) -> None:
+        if not self.enqueue(send, what):
+            self.take_batch(key)  # dropped with it: the key's next item starts a new batch
 
     def take_batch(self, key: str) -> list[Any]:
         with self.lock:
