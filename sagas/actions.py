@@ -305,15 +305,13 @@ def consume_steering(
     unread. Requests among them become `delivered`.
     """
     lock_saga(recipient.saga_id)
-    upto = "" if upto_seq is None else " AND i.seq <= %s"
-    rows = fetch(_UNREAD_SQL.format(upto=upto), [recipient.pk, *([] if upto_seq is None else [upto_seq])],
-                 SteeringItem, AgentRequest)  # fmt: skip
+    upto, params = ("", [recipient.pk]) if upto_seq is None else (" AND i.seq <= %s", [recipient.pk, upto_seq])
+    rows = fetch(_UNREAD_SQL.format(upto=upto), params, SteeringItem, AgentRequest)
     if not rows:
         return []
-    consumed = []
     for item, request in rows:
         item.request = request
-        consumed.append(item)
+    consumed: list[SteeringItem] = [item for item, _ in rows]
     now = timezone.now()
     with connection.cursor() as cursor:
         ids = ", ".join(["%s"] * len(consumed))
