@@ -61,16 +61,15 @@ class Heartbeat(threading.Thread):
             time.sleep(settings.AGORA_LEASE_S / 3)
             with self.lock:
                 beating = list(self.beating.values())
-            try:
-                for turns in beating:
-                    turn = turns.turn
-                    if not actions.renew_lease(run_id=turns.run.pk, turn=turn) and turn == turns.turn:
-                        self.remove(turns)  # taken over: the turn's next write finds out (LostTurn)
-            except Exception:  # the database is away: try again at the next beat
-                logger.exception("lease renewal failed")
-            finally:
-                if beating:
-                    connection.close()
+            # A renewal that finds no row (the turn not claimed yet, or taken over: its next write
+            # finds out, LostTurn) changes nothing; the task removes its turns when it ends.
+            for turns in beating:
+                try:
+                    actions.renew_lease(run_id=turns.run.pk, turn=turns.turn)
+                except Exception:  # the database is away: try again at the next beat
+                    logger.exception("lease renewal of %s failed", turns.run.pk)
+            if beating:
+                connection.close()
 
 
 _heartbeat: Heartbeat | None = None

@@ -6,7 +6,7 @@ written out once, as module constants, and use these to turn values and rows int
 """
 
 from collections.abc import Callable, Sequence
-from functools import cache, partial
+from functools import cache, lru_cache, partial
 from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
@@ -29,27 +29,27 @@ def db_value(model: type[models.Model], field: str, value: Any) -> Any:
 def py_value(model: type[models.Model], field: str, value: Any) -> Any:
     """The inverse of db_value(): a value as this connection read it from model.field's column."""
     conn = db()
-    read = readers(model, conn.vendor)[field]
-    return value if read is None or value is None else read(value, conn)
+    read = readers(model, conn)[field]
+    return value if read is None or value is None else read(value)
 
 
-Reader = Callable[[Any, BaseDatabaseWrapper], Any]
+Reader = Callable[[Any], Any]
 
 
-@cache
-def readers(model: type[models.Model], vendor: str) -> dict[str, Reader | None]:
-    """Per field, what the ORM applies to a value it reads from its column: the backend's converters
-    (SQLite's datetimes, booleans, UUIDs), then the field's own (JSON). None: nothing to do."""
+@lru_cache(maxsize=512)
+def readers(model: type[models.Model], conn: BaseDatabaseWrapper) -> dict[str, Reader | None]:
+    """Per field, what the ORM applies to a value it reads from its column on this connection:
+    the backend's converters (SQLite's datetimes, booleans, UUIDs), then the field's own (JSON).
+    None: nothing to do."""
     result: dict[str, Reader | None] = {}
-    conn = db()
     for f in model._meta.concrete_fields:
         col = f.get_col(model._meta.db_table)  # a foreign key's reads as the field it points to
         converters = (*conn.ops.get_db_converters(col), *col.get_db_converters(conn))
-        result[f.name] = partial(_convert, converters, col) if converters else None
+        result[f.name] = partial(_convert, converters, col, conn) if converters else None
     return result
 
 
-def _convert(converters: tuple[Any, ...], col: Any, value: Any, conn: BaseDatabaseWrapper) -> Any:
+def _convert(converters: tuple[Any, ...], col: Any, conn: BaseDatabaseWrapper, value: Any) -> Any:
     for convert in converters:
         value = convert(value, col, conn)
     return value
@@ -64,9 +64,9 @@ def load(model: type[M], values: Sequence[Any], conn: BaseDatabaseWrapper | None
     """An instance from one row's values of columns(model), as the ORM would make it."""
     conn = conn or db()
     fields = model._meta.concrete_fields
-    read = readers(model, conn.vendor)
+    read = readers(model, conn)
     row = [
-        value if value is None or (r := read[f.name]) is None else r(value, conn)
+        value if value is None or (r := read[f.name]) is None else r(value)
         for f, value in zip(fields, values, strict=True)
     ]
     return model.from_db(conn.alias, [f.attname for f in fields], row)

@@ -1,0 +1,51 @@
+"""The process's heartbeat thread renews the leases of the turns its tasks run."""
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.conf import LazySettings
+
+from accounts.models import User
+from agents.executor import Heartbeat
+from sagas import actions
+from sagas.models import Run
+from tests.support import wait_until
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_registered_before_its_claim_is_renewed_once_claimed(
+    alice: User, settings: LazySettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.AGORA_LEASE_S = 0.6  # a beat every 0.2 s
+    saga = actions.create_saga(title="Beats", owner=alice)
+    agent, _ = actions.add_agent(saga=saga, name="a", role="A", task="Think", runtime="internal", profile="x", by=alice)
+    run = actions.queued_run(agent.run.pk)
+    assert run is not None
+    beats: list[bool] = []
+    renew = actions.renew_lease
+
+    def counting(**kwargs: Any) -> bool:
+        beats.append(renew(**kwargs))
+        return beats[-1]
+
+    monkeypatch.setattr(actions, "renew_lease", counting)
+    heartbeat = Heartbeat()
+    turns: Any = SimpleNamespace(run=run, turn=run.turn + 1)  # as a task registers it, before its claim
+    heartbeat.add(turns)
+    heartbeat.start()
+    try:
+        wait_until(lambda: beats, what="a beat before the claim")  # finds no running turn: renews nothing
+        assert beats[0] is False
+
+        with actions.saga_transaction(saga):
+            assert actions.take_turn(run)
+        claimed = Run.objects.get(pk=run.pk).lease_until
+        assert claimed is not None
+
+        renewed = wait_until(
+            lambda: (Run.objects.get(pk=run.pk).lease_until or claimed) > claimed, what="a renewal after the claim"
+        )
+        assert renewed and any(beats)
+    finally:
+        heartbeat.remove(turns)
