@@ -24,7 +24,7 @@ from agents import scripted
 from agents.models import AgentProfile, TranscriptEntry
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
-from config.sql import columns, db_value, fetch, py_value
+from config.sql import columns, db_value, fetch_one, py_value
 from journal.actions import record
 from sagas import actions
 from sagas.models import AgentRequest, Run, SteeringItem
@@ -375,8 +375,8 @@ def keep_transcript(transcript: Transcript) -> None:
 
 
 def profile(name: str) -> AgentProfile | None:
-    rows = fetch(_PROFILE_SQL, [name], AgentProfile)
-    return rows[0][0] if rows else None
+    row = fetch_one(_PROFILE_SQL, [name], AgentProfile)
+    return None if row is None else row[0]
 
 
 _PROFILE_SQL = f"SELECT {columns(AgentProfile, 'p')} FROM {AgentProfile._meta.db_table} p WHERE p.name = %s"

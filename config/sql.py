@@ -1,4 +1,4 @@
-"""Helpers for the hot paths: plain INSERTs of model instances, and plain SELECTs that load them.
+"""Helpers for the hot paths: plain INSERTs and UPDATEs, and plain SELECTs that load model instances.
 
 Building a statement costs the ORM several times what running it costs SQLite. The statements an
 agent turn runs every time (journal events, steering, requests, runs, transcript entries) are
@@ -85,6 +85,28 @@ def fetch(sql: str, params: Sequence[Any], *shape: type[models.Model]) -> list[l
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     return [[None if row[pk] is None else load(model, row[a:b], conn) for model, a, b, pk in spans] for row in rows]
+
+
+def fetch_one(sql: str, params: Sequence[Any], *shape: type[models.Model]) -> list[Any] | None:
+    """fetch() for a lookup that finds one row or none."""
+    rows = fetch(sql, params, *shape)
+    return rows[0] if rows else None
+
+
+def update(model: type[models.Model], where: dict[str, Any], **changes: Any) -> int:
+    """`model.objects.filter(**where).update(**changes)` as one plain statement, for equality (a
+    list or tuple value: any of them). The number of rows it changed."""
+    meta = model._meta
+    sets = [f'"{meta.get_field(name).column}" = %s' for name in changes]  # type: ignore[union-attr]
+    params = [db_value(model, name, value) for name, value in changes.items()]
+    conditions = []
+    for name, value in where.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        conditions.append(f'"{meta.get_field(name).column}" IN ({", ".join(["%s"] * len(values))})')  # type: ignore[union-attr]
+        params += [db_value(model, name, v) for v in values]
+    with db().cursor() as cursor:
+        cursor.execute(f"UPDATE {meta.db_table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}", params)
+        return int(cursor.rowcount)
 
 
 @cache

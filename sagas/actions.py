@@ -21,7 +21,7 @@ from guardian.shortcuts import assign_perm
 
 from accounts.actions import create_agent_user, issue_token
 from accounts.models import User
-from config.sql import columns, db_value, fetch, insert
+from config.sql import columns, db_value, fetch, fetch_one, insert, update
 from journal.actions import record
 from sagas import errors, forms
 from sagas.access import SagaTree, may_address, may_manage, sync_address_grants
@@ -313,10 +313,7 @@ def consume_steering(
         item.request = request
     consumed: list[SteeringItem] = [item for item, _ in rows]
     now = timezone.now()
-    with connection.cursor() as cursor:
-        ids = ", ".join(["%s"] * len(consumed))
-        cursor.execute(_CONSUME_SQL.format(ids=ids), [db_value(SteeringItem, "consumed_at", now), turn,
-                                                       *(i.pk for i in consumed)])  # fmt: skip
+    update(SteeringItem, {"id": [i.pk for i in consumed]}, consumed_at=now, consumed_turn=turn)
     for item in consumed:
         item.consumed_at, item.consumed_turn = now, turn
     requests = [i.request_id for i in consumed if i.kind == SteeringItem.Kind.REQUEST and i.request_id]
@@ -337,7 +334,6 @@ _UNREAD_SQL = (
     f"LEFT JOIN {AgentRequest._meta.db_table} q ON q.id = i.request_id "
     "WHERE i.recipient_id = %s AND i.consumed_at IS NULL{upto} ORDER BY i.seq"
 )
-_CONSUME_SQL = f"UPDATE {SteeringItem._meta.db_table} SET consumed_at = %s, consumed_turn = %s WHERE id IN ({{ids}})"
 _DELIVER_SQL = (
     f"UPDATE {AgentRequest._meta.db_table} SET status = %s WHERE status = %s AND id IN ({{ids}}) RETURNING id"
 )
@@ -495,10 +491,12 @@ def check_ask(saga: Saga, sender: Collaborator, to: str, mode: str, *, now: Any)
 def agent_with_run(saga: Saga, name: str) -> Collaborator | None:
     """The saga's agent of that name, with its run."""
     params = [db_value(Collaborator, "saga", saga.pk), Collaborator.Kind.AGENT.value, name]
-    for collaborator, run in fetch(_AGENT_WITH_RUN_SQL, params, Collaborator, Run):
-        run.collaborator = collaborator  # and collaborator.run is run
-        return collaborator
-    return None
+    row = fetch_one(_AGENT_WITH_RUN_SQL, params, Collaborator, Run)
+    if row is None:
+        return None
+    collaborator, run = row
+    run.collaborator = collaborator  # and collaborator.run is run
+    return collaborator
 
 
 _AGENT_WITH_RUN_SQL = (
@@ -560,8 +558,9 @@ def request_visible_to(request: AgentRequest, user: User) -> bool:
 
 def get_request_for(user: User, request_id: str) -> AgentRequest:
     """The request if user is its sender, recipient or a manager of its saga; else 404."""
-    for request, sender, recipient in fetch(_REQUEST_SQL, [request_id], AgentRequest, Collaborator, Collaborator):
-        request.sender, request.recipient = sender, recipient
+    row = fetch_one(_REQUEST_SQL, [request_id], AgentRequest, Collaborator, Collaborator)
+    if row is not None:
+        request, request.sender, request.recipient = row[0], row[1], row[2]
         if request_visible_to(request, user):
             return request
     raise errors.NotFound(f"No request {request_id}.")
@@ -607,22 +606,12 @@ def normalise_error(error: Any) -> dict[str, Any]:
     return {"code": "error", "message": str(error)}
 
 
-def settle(request: AgentRequest, status: str, *, expired_by: Any = None, **fields: Any) -> bool:
-    """Compare-and-set an open request (with `expired_by`, one whose TTL ended by then) to a
-    terminal status. The one that wins also updates the object it holds (loaded with its sender
-    and recipient, which close_request() reads). A plain statement: every reply runs it."""
+def settle(request: AgentRequest, status: str, **fields: Any) -> bool:
+    """Compare-and-set an open request to a terminal status. The one that wins also updates the
+    object it holds (loaded with its sender and recipient, which close_request() reads)."""
     changes = {"status": status, "wait_deadline": None, "updated_at": timezone.now(), **fields}
-    sets = ", ".join(f'"{AgentRequest._meta.get_field(name).column}" = %s' for name in changes)  # type: ignore[union-attr]
-    params = [db_value(AgentRequest, name, value) for name, value in changes.items()]
-    sql = f"UPDATE {AgentRequest._meta.db_table} SET {sets} WHERE id = %s AND status IN ({_OPEN})"
-    params += [request.pk, *_OPEN_STATUSES]
-    if expired_by is not None:
-        sql += " AND expires_at <= %s"
-        params.append(db_value(AgentRequest, "expires_at", expired_by))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        if cursor.rowcount != 1:
-            return False
+    if not update(AgentRequest, {"id": request.pk, "status": _OPEN_STATUSES}, **changes):
+        return False
     for name, value in changes.items():
         setattr(request, name, value)
     return True
@@ -707,7 +696,8 @@ def expire_request(*, request_id: str) -> bool:
     if request is None:
         return False
     lock_saga(request.saga_id)
-    if not settle(request, Status.EXPIRED, expired_by=timezone.now()):
+    # expires_at never changes once set, and the reconciler asks only for requests past it.
+    if request.expires_at > timezone.now() or not settle(request, Status.EXPIRED):
         return False
     close_request(request, actor="system", notify_recipient=True)
     return True
@@ -865,13 +855,12 @@ def lease_deadline() -> Any:
 
 def queued_run(run_id: str) -> Run | None:
     """The run, with what a turn needs of it (its collaborator, saga and user), if it is queued."""
-    for run, collaborator, saga, user in fetch(
-        _QUEUED_RUN_SQL, [run_id, Run.Status.QUEUED.value], Run, Collaborator, Saga, User
-    ):
-        collaborator.saga, collaborator.user = saga, user
-        run.collaborator = collaborator
-        return run
-    return None
+    row = fetch_one(_QUEUED_RUN_SQL, [run_id, Run.Status.QUEUED.value], Run, Collaborator, Saga, User)
+    if row is None:
+        return None
+    run, collaborator, collaborator.saga, collaborator.user = row
+    run.collaborator = collaborator
+    return run
 
 
 _QUEUED_RUN_SQL = (
@@ -887,21 +876,11 @@ def take_turn(run: Run) -> bool:
     the next turn number and a fresh lease; the object follows. False: a redelivered doorbell, or
     another worker got it (which rang its own doorbell for anything after)."""
     lease_until, now = lease_deadline(), timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_SQL, [
-            Run.Status.RUNNING.value, run.turn + 1, db_value(Run, "lease_until", lease_until),
-            db_value(Run, "updated_at", now), run.pk, Run.Status.QUEUED.value, run.turn,
-        ])  # fmt: skip
-        if cursor.rowcount != 1:
-            return False
+    queued = {"id": run.pk, "status": Run.Status.QUEUED, "turn": run.turn}
+    if not update(Run, queued, status=Run.Status.RUNNING, turn=run.turn + 1, lease_until=lease_until, updated_at=now):
+        return False
     run.status, run.turn, run.lease_until, run.updated_at = Run.Status.RUNNING, run.turn + 1, lease_until, now
     return True
-
-
-_CLAIM_SQL = (
-    f"UPDATE {Run._meta.db_table} SET status = %s, turn = %s, lease_until = %s, updated_at = %s "
-    "WHERE id = %s AND status = %s AND turn = %s"
-)
 
 
 def claim_turn(*, run_id: str) -> Run | None:
@@ -939,17 +918,8 @@ def renew_lease(*, run_id: str, turn: int, next_turn: bool = False) -> bool:
     """Extend the lease of the running turn `turn`, or with `next_turn` move on to turn + 1 under
     a fresh lease. False once the turn has been taken away from this worker. A plain statement:
     every transaction of a turn starts with it."""
-    lease_until = db_value(Run, "lease_until", lease_deadline())
-    updated_at = db_value(Run, "updated_at", timezone.now())
-    with connection.cursor() as cursor:
-        cursor.execute(_LEASE_SQL, [turn + next_turn, lease_until, updated_at, run_id, Run.Status.RUNNING.value, turn])
-        return cursor.rowcount == 1
-
-
-_LEASE_SQL = (
-    f"UPDATE {Run._meta.db_table} SET turn = %s, lease_until = %s, updated_at = %s "
-    "WHERE id = %s AND status = %s AND turn = %s"
-)
+    mine = {"id": run_id, "status": Run.Status.RUNNING, "turn": turn}
+    return bool(update(Run, mine, turn=turn + next_turn, lease_until=lease_deadline(), updated_at=timezone.now()))
 
 
 @transaction.atomic(savepoint=False)
@@ -974,32 +944,23 @@ def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str 
     """
     collaborator = run.collaborator
     lock_saga(collaborator.saga_id)
+    mine = {"id": run.pk, "status": Run.Status.RUNNING, "turn": turn}
     if run.waiting_on_id:
         request = AgentRequest.objects.get(pk=run.waiting_on_id)
         if request.is_open and request.wait_deadline is not None:
-            mine = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, turn=turn)
-            if mine.update(status=Run.Status.WAITING, wait_until=request.wait_deadline, lease_until=None):
+            if update(Run, mine, status=Run.Status.WAITING, wait_until=request.wait_deadline, lease_until=None):
                 record_rest(run, Run.Status.WAITING, turn=turn, request_id=request.pk)
             return Run.Status.WAITING
         more = True  # answered (or timed out) before the turn even ended
     status = Run.Status.QUEUED if more or has_unread(collaborator) else Run.Status.IDLE
     if status == Run.Status.QUEUED and carry_on:
         return Run.Status.RUNNING if renew_lease(run_id=run.pk, turn=turn, next_turn=True) else None
-    with connection.cursor() as cursor:
-        updated_at = db_value(Run, "updated_at", timezone.now())
-        cursor.execute(_REST_SQL, [str(status), updated_at, run.pk, Run.Status.RUNNING.value, turn])
-        moved = cursor.rowcount == 1
+    moved = update(Run, mine, status=status, lease_until=None, updated_at=timezone.now())
     if moved and status == Run.Status.QUEUED:
         ring_run_after_commit(run.pk)
     elif moved:
         record_rest(run, status, turn=turn)
     return status
-
-
-_REST_SQL = (
-    f"UPDATE {Run._meta.db_table} SET status = %s, lease_until = NULL, updated_at = %s "
-    "WHERE id = %s AND status = %s AND turn = %s"
-)
 
 
 def has_unread(collaborator: Collaborator) -> bool:

@@ -7,7 +7,7 @@ from django.db import connection, models
 
 from accounts.models import User
 from agents.models import TranscriptEntry
-from config.sql import columns, fetch, insert, py_value
+from config.sql import columns, fetch, insert, py_value, update
 from sagas.actions import add_agent, ask_agent, create_saga
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
 
@@ -80,3 +80,19 @@ def test_py_value_makes_what_the_orm_makes_of_a_column(alice: User) -> None:
     assert py_value(TranscriptEntry, "message", raw_message) == message
     assert py_value(TranscriptEntry, "created_at", raw_created) == TranscriptEntry.objects.get(pk=entry.pk).created_at
     assert py_value(TranscriptEntry, "created_at", None) is None
+
+
+def test_update_changes_the_rows_the_orm_filter_finds(alice: User) -> None:
+    saga = create_saga(title="Plain", owner=alice)
+    agents = [add_agent(saga=saga, name=n, role=n, task="t", runtime="external", by=alice)[0] for n in "abc"]
+    ids = [a.run.pk for a in agents]
+    later = Run.objects.get(pk=ids[0]).updated_at
+
+    changed = update(Run, {"id": ids[:2], "status": Run.Status.IDLE}, status=Run.Status.RUNNING, lease_until=later)
+    missed = update(Run, {"id": ids[2], "status": Run.Status.QUEUED}, status=Run.Status.RUNNING)
+
+    assert (changed, missed) == (2, 0)
+    runs = {r.pk: r for r in Run.objects.filter(pk__in=ids)}
+    assert [(runs[i].status, runs[i].lease_until) for i in ids] == [
+        (Run.Status.RUNNING, later), (Run.Status.RUNNING, later), (Run.Status.IDLE, None)
+    ]  # fmt: skip
