@@ -5,10 +5,11 @@ Reads only. Writes go through `sagas.actions`; who may see what is decided in `s
 """
 
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from operator import attrgetter
+from typing import Any, TypeVar
 
 from django.db.models import Count, IntegerField, Max, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
@@ -159,11 +160,31 @@ def requests_for(saga: Saga, user: Any) -> QuerySet[AgentRequest]:
 
 
 def request_board(saga: Saga, user: Any, *, limit: int = 100) -> tuple[list[AgentRequest], list[AgentRequest]]:
-    """(open requests, the most recent finished ones)."""
-    requests = requests_for(saga, user)
-    open_ = list(requests.filter(status__in=AgentRequest.OPEN).order_by("created_at")[:limit])
-    done = list(requests.exclude(status__in=AgentRequest.OPEN).order_by("-updated_at")[:limit])
-    return open_, done
+    """(open requests, oldest first; the most recently finished ones)."""
+    finished = [s for s in AgentRequest.Status if s not in AgentRequest.OPEN]
+    return open_and_done(
+        requests_for(saga, user), AgentRequest.OPEN, finished, open_by="created_at", done_by="updated_at",
+        open_limit=limit, done_limit=limit,
+    )  # fmt: skip
+
+
+M = TypeVar("M", AgentRequest, HumanRequest)
+
+
+def open_and_done(
+    rows: QuerySet[M], open_: Collection[str], done: Collection[str], *, open_by: str, done_by: str,
+    open_limit: int | None, done_limit: int,
+) -> tuple[list[M], list[M]]:  # fmt: skip
+    """(rows with an open status, by `open_by`; the latest rows with a done status, newest `done_by`
+    first), read in one statement: a row that closes meanwhile is in one list, never in both, as it
+    could be if each list were a query of its own seeing its own moment."""
+    first = rows.filter(status__in=open_).order_by(open_by).values("pk")[:open_limit]
+    latest = rows.filter(status__in=done).order_by(f"-{done_by}").values("pk")[:done_limit]
+    both = list(rows.filter(Q(pk__in=first) | Q(pk__in=latest)))
+    return (
+        sorted((r for r in both if r.status in open_), key=attrgetter(open_by)),
+        sorted((r for r in both if r.status in done), key=attrgetter(done_by), reverse=True),
+    )
 
 
 # --- the inbox ---------------------------------------------------------------------------------
@@ -209,8 +230,12 @@ def inbox_for(saga: Saga, user: Any, *, bound: Submitted | None = None) -> tuple
     `bound` maps a form's id to (the submitted values, the errors per field) to show them again.
     """
     mine = HumanRequest.objects.filter(saga=saga, addressee__user=user).select_related("asker")
+    waiting, answered = open_and_done(
+        mine, [HumanRequest.Status.PENDING], [HumanRequest.Status.ANSWERED], open_by="created_at",
+        done_by="answered_at", open_limit=None, done_limit=20,
+    )  # fmt: skip
     pending = []
-    for human_request in mine.filter(status=HumanRequest.Status.PENDING).order_by("created_at"):
+    for human_request in waiting:
         values, problems = (bound or {}).get(human_request.pk, ({}, {}))
         fields = [
             BoundField(
@@ -222,7 +247,6 @@ def inbox_for(saga: Saga, user: Any, *, bound: Submitted | None = None) -> tuple
         known = {f.name for f in fields}
         general = [msg for name, msgs in problems.items() if name not in known for msg in msgs]
         pending.append(InboxForm(human_request=human_request, fields=fields, errors=general))
-    answered = list(mine.filter(status=HumanRequest.Status.ANSWERED).order_by("-answered_at")[:20])
     return pending, answered
 
 

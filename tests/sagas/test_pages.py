@@ -1,9 +1,15 @@
 """The dashboard's pages through the Django test client: what each person sees, and what they may do."""
 
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import pytest
+from django.db import connection
+from django.db.models import Model
 from django.test import Client
 from django.urls import reverse
 
@@ -11,6 +17,7 @@ from accounts.models import User
 from journal.actions import record
 from sagas import actions
 from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga, SteeringItem
+from tests.sagas.kernel import outcomes, run_concurrently
 
 pytestmark = pytest.mark.django_db
 
@@ -208,6 +215,38 @@ def test_live_parts_and_journal_pages(cast: Cast, alice: User) -> None:
     roster = client.get(reverse("sagas:part", args=[saga_id, "roster"])).content.decode()
     assert re.search(r'data-roster="idle">.*data-handle="agent:lead"', roster, re.S)
     assert client.get(reverse("sagas:part", args=[saga_id, "nope"])).status_code == 404
+
+
+@contextmanager
+def committed_after_first_read(model: type[Model], change: Callable[[], object]) -> Iterator[None]:
+    """Commit `change` from another connection right after this connection's first statement
+    reading `model`'s table, as a person or agent acting while a page is being rendered would."""
+    done: list[Any] = []
+
+    def wrapper(execute: Callable[..., Any], sql: str, *args: Any) -> Any:
+        result = execute(sql, *args)
+        if not done and model._meta.db_table in sql:
+            done.extend(outcomes(run_concurrently(change)))
+        return result
+
+    with connection.execute_wrapper(wrapper):
+        yield
+    assert done and not isinstance(done[0], Exception), done
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_or_form_closing_while_its_part_renders_is_listed_once(cast: Cast, alice: User) -> None:
+    client = client_for(alice)
+    reply = partial(actions.reply_to_request, request_id=cast.request.pk, by=cast.coder.user, payload={"ok": 1})
+    with committed_after_first_read(AgentRequest, reply):
+        html = client.get(reverse("sagas:part", args=[cast.saga.pk, "requests"])).content.decode()
+    assert html.count(f'data-request="{cast.request.pk}"') == 1
+
+    answer = {"count": 3, "deadline": "2026-12-01", "notify": True}
+    close = partial(actions.answer_human_request, human_request_id=cast.form.pk, answer=answer, by=alice)
+    with committed_after_first_read(HumanRequest, close):
+        html = client.get(reverse("sagas:part", args=[cast.saga.pk, "inbox"])).content.decode()
+    assert html.count(f'data-form-id="{cast.form.pk}"') + html.count(f'data-answered="{cast.form.pk}"') == 1
 
 
 def test_worker_progress_from_runtime_events(cast: Cast, alice: User) -> None:
