@@ -772,18 +772,21 @@ def set_external_status(*, run_id: str, status: str, by: User) -> Run:
 def ask_human(
     *, asker: Collaborator, title: str, fields: Any, to: str | None = None, idempotency_key: str = ""
 ) -> tuple[HumanRequest, bool]:
-    """Ask a person of the saga to fill in a form; the answer reaches the asker's steering."""
+    """Ask a person of the saga to fill in a form; the answer reaches the asker's steering. The same
+    idempotency key with the same form returns the first one; with another, `idempotency_conflict`."""
     if not asker.is_agent:
         raise errors.Forbidden("Only agents ask people through forms.")
     schema = forms.check_schema(fields)
     if not isinstance(title, str) or not title.strip() or len(title) > 200:
         raise errors.InvalidPayload("Bad title.", errors={"title": ["1 to 200 characters."]})
     saga = lock_saga(asker.saga_id)
-    if idempotency_key and (first := HumanRequest.objects.filter(asker=asker, idempotency_key=idempotency_key).first()):
-        return first, False
     addressee = find_collaborator(saga, to) if to else Collaborator.objects.get(saga=saga, user=saga.owner)
     if addressee is None or addressee.is_agent:
         raise errors.NotFound(f"No person {to} in this saga.")
+    if idempotency_key and (first := HumanRequest.objects.filter(asker=asker, idempotency_key=idempotency_key).first()):
+        if (first.addressee_id, first.title, first.fields) != (addressee.pk, title, schema):
+            raise errors.IdempotencyConflict("This Idempotency-Key was already used for a different form.")
+        return first, False
     human_request = HumanRequest.objects.create(
         saga=saga, asker=asker, addressee=addressee, title=title, fields=schema, idempotency_key=idempotency_key
     )

@@ -37,6 +37,16 @@ def test_a_form_is_answered_once_and_the_answer_reaches_the_agent(
         headers={"Idempotency-Key": "form-1"},
     )
     assert (replayed.status_code, replayed.data["human_request_id"]) == (200, hid)
+    problem(
+        coder.post(
+            f"/api/v1/sagas/{team.saga.pk}/human-requests/",
+            {"to": "human:bob", "title": "Sign off another plan", "fields": FIELDS},
+            format="json",
+            headers={"Idempotency-Key": "form-1"},
+        ),
+        409,
+        "idempotency_conflict",
+    )
 
     # Bob finds it among the forms addressed to him; alice (not addressed) does not.
     as_bob = client_for(bob)

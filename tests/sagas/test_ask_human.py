@@ -125,6 +125,22 @@ def test_the_same_idempotency_key_returns_the_first_form(team: Team) -> None:
     assert len(events_of(team.saga, "human_request.created")) == 1
 
 
+@pytest.mark.parametrize(
+    "change",
+    [{"title": "Sign-off, again"}, {"fields": FORM[:1]}, {"to": "human:alice"}],
+    ids=["title", "fields", "addressee"],
+)
+def test_the_same_idempotency_key_for_another_form_is_a_conflict(team: Team, change: dict[str, Any]) -> None:
+    first, _ = ask_human(asker=team["coder"], title="Sign-off", fields=FORM, to="human:bob", idempotency_key="call-1")
+
+    with pytest.raises(errors.IdempotencyConflict):
+        ask_human(**{"asker": team["coder"], "title": "Sign-off", "fields": FORM, "to": "human:bob", **change},
+                  idempotency_key="call-1")  # fmt: skip
+
+    assert list(HumanRequest.objects.values_list("pk", "title", "addressee__name")) == [(first.pk, "Sign-off", "bob")]
+    assert len(events_of(team.saga, "human_request.created")) == 1
+
+
 # --- answers -----------------------------------------------------------------------------------
 
 
