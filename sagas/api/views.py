@@ -394,7 +394,7 @@ class HumanRequestCreateApi(ApiView):
         responses={
             201: s.HumanRequestCreatedOutput,
             200: OpenApiResponse(s.HumanRequestCreatedOutput, description="A replay of an Idempotency-Key."),
-            **problems(400, 401, 403, 404),
+            **problems(400, 401, 403, 404, 409),
         },
     )
     def post(self, request: Request, saga_id: UUID) -> Response:
