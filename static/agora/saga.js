@@ -106,12 +106,20 @@
 
   async function fetchNewRows() {
     for (;;) {
-      const response = await fetch(`${journalUrl}?after=${state.rendered}`, { credentials: "same-origin" });
-      if (!response.ok) return;
+      const response = await get(`${journalUrl}?after=${state.rendered}`);
+      if (!response) return;
       const rows = parseRows(await response.text());
       for (const row of rows) insertRow(row);
       if (response.headers.get("X-More") !== "1" || rows.length === 0) return;
     }
+  }
+
+  // A server error (the app restarting behind a proxy, say) throws, so that flush() keeps what is
+  // owed and tries again; a refusal (signed out, access withdrawn) gives null: nothing to show.
+  async function get(url) {
+    const response = await fetch(url, { credentials: "same-origin" });
+    if (response.status >= 500) throw new Error(`${url}: ${response.status}`);
+    return response.ok ? response : null;
   }
 
   function parseRows(html) {
@@ -133,8 +141,8 @@
   async function fetchPart(name) {
     const holder = document.getElementById(`part-${name}`);
     if (!holder) return;
-    const response = await fetch(partUrl(name), { credentials: "same-origin" });
-    if (!response.ok) return;
+    const response = await get(partUrl(name));
+    if (!response) return;
     const html = await response.text();
     if (name === "inbox") mergeInbox(holder, html);
     else holder.innerHTML = html;

@@ -3,10 +3,11 @@ worker where one matters): sign in, live events, forms, steering, reconnects, ou
 
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from django.utils import timezone
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Route, expect
 
 from accounts.models import User
 from journal.actions import record
@@ -104,6 +105,35 @@ def test_kernel_events_appear_on_an_open_page_without_reload(
     expect(timeline_row(page, last)).to_be_visible()
     expect(page.locator("#part-stats")).to_contain_text(str(last))
     assert page.evaluate("window.sameDocument") is True  # no reload happened
+
+
+def test_rows_and_parts_the_server_failed_to_send_are_fetched_again(browse: Browse, alice: User, saga: Saga) -> None:
+    page = browse.as_user(alice)
+    open_saga(page, saga)
+    with django_calls():
+        lead = external_agent(saga, "lead", by=alice)
+        external_agent(saga, "coder", by=alice, parent="agent:lead")
+    expect(page.locator('#part-team [data-handle="agent:coder"]')).to_be_visible()
+
+    # from now on, the first fetch of new timeline rows and of the requests part each get a 503,
+    # as from a proxy while the app restarts
+    refused: list[str] = []
+
+    def unavailable_once(route: Route) -> None:
+        path = urlsplit(route.request.url).path
+        if path in refused:
+            route.continue_()
+        else:
+            refused.append(path)
+            route.fulfill(status=503, body="restarting")
+
+    page.route(re.compile(r"/(journal|live/requests)/(\?.*)?$"), unavailable_once)
+    with django_calls():
+        request, _ = actions.ask_agent(sender=lead, to="agent:coder", type="code.plan", payload={"scope": "billing"})
+        last = saga.journal_events.count()
+    expect(page.locator(f'#part-requests [data-request="{request.pk}"]')).to_have_attribute("data-status", "pending")
+    expect(timeline_row(page, last)).to_contain_text("asked agent:coder")
+    assert sorted(refused) == sorted([f"/sagas/{saga.pk}/journal/", f"/sagas/{saga.pk}/live/requests/"])
 
 
 def test_a_person_answers_a_form_and_the_asking_agent_receives_it(
