@@ -21,6 +21,7 @@ from guardian.shortcuts import assign_perm
 
 from accounts.actions import create_agent_user, issue_token
 from accounts.models import User
+from agents.models import AgentProfile
 from config.sql import columns, db_value, fetch, fetch_one, insert, update
 from journal.actions import record
 from sagas import errors, forms
@@ -156,6 +157,11 @@ def add_agent(
         raise errors.InvalidPayload("Bad runtime.", errors={"runtime": ["internal or external."]})
     if runtime == Collaborator.Runtime.INTERNAL and not profile:
         raise errors.InvalidPayload("An internal agent needs a profile.", errors={"profile": ["Required."]})
+    if runtime == Collaborator.Runtime.INTERNAL and not AgentProfile.objects.filter(name=profile).exists():
+        raise errors.InvalidPayload(
+            f"No agent profile {profile}.",
+            errors={"profile": [f"No profile {profile}; `load_profiles` adds profiles."]},
+        )
     delegator = resolve_parent(saga, parent, by=by, acting=acting)
     if Collaborator.objects.filter(saga=saga, kind=Collaborator.Kind.AGENT, name=name).exists():
         raise errors.NameTaken(f"agent:{name} is already in this saga.")

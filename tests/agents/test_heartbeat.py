@@ -10,6 +10,7 @@ from accounts.models import User
 from agents.executor import Heartbeat
 from sagas import actions
 from sagas.models import Run
+from tests.sagas.kernel import profile_named
 from tests.support import wait_until
 
 
@@ -19,7 +20,9 @@ def test_a_turn_registered_before_its_claim_is_renewed_once_claimed(
 ) -> None:
     settings.AGORA_LEASE_S = 0.6  # a beat every 0.2 s
     saga = actions.create_saga(title="Beats", owner=alice)
-    agent, _ = actions.add_agent(saga=saga, name="a", role="A", task="Think", runtime="internal", profile="x", by=alice)
+    agent, _ = actions.add_agent(
+        saga=saga, name="a", role="A", task="Think", runtime="internal", profile=profile_named("x"), by=alice
+    )
     run = actions.queued_run(agent.run.pk)
     assert run is not None
     beats: list[bool] = []

@@ -16,6 +16,7 @@ from journal.actions import record
 from sagas import actions
 from sagas.models import Collaborator, Saga
 from tests.browser.conftest import Browse, django_calls
+from tests.sagas.kernel import profile_named
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,7 +42,9 @@ def busy_saga(alice: User, bob: User) -> tuple[Saga, str]:
 
     lead = agent("lead", "Lead", "Plan the migration and split the work.")
     coder = agent("coder", "Coder", "Port the invoice and refund endpoints to v2.", parent="agent:lead")
-    reviewer = agent("reviewer", "Reviewer", "Review each change for compatibility.", "agent:lead", profile="reviewer")
+    reviewer = agent(
+        "reviewer", "Reviewer", "Review each change for compatibility.", "agent:lead", profile=profile_named("reviewer")
+    )
     scout = agent("scout", "Scout", "Find every client still calling v1.")
     agent("writer", "Writer", "Update the client migration guide once the endpoints land.", parent="agent:lead")
 

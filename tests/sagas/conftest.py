@@ -13,7 +13,7 @@ from django.utils import timezone
 from accounts.models import User
 from sagas.actions import add_agent, add_human, create_saga
 from sagas.models import Collaborator, Saga
-from tests.sagas.kernel import TREE, Clock, Team
+from tests.sagas.kernel import TREE, Clock, Team, profile_named
 
 MakeTeam = Callable[..., Team]
 
@@ -27,10 +27,12 @@ def build_team(
     resumable: Iterable[str] = (),
     humans: Iterable[User] = (),
     title: str = "Migrate the API",
-    profile: str = "no-such-profile",
+    profile: str = "responder",
 ) -> Team:
     saga = create_saga(title=title, goal="Ship v2 of the API", policy=policy, owner=owner)
     internal, resumable = set(internal), set(resumable)
+    if internal:
+        profile_named(profile)
     for person in humans:
         add_human(saga=saga, user=person, role="Analyst", task="Requirements", by=owner)
     names = []

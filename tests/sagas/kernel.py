@@ -15,6 +15,7 @@ from django.db import connection
 from redis import Redis
 
 from accounts.models import User
+from agents.models import AgentProfile
 from journal.models import JournalEvent
 from sagas import errors
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
@@ -55,6 +56,15 @@ class Team:
 
     def user(self, name: str) -> User:
         return self[name].user
+
+
+def profile_named(name: str) -> str:
+    """An agent profile of that name (a scripted responder unless one exists), for internal agents
+    whose turns the test runs itself or never runs."""
+    AgentProfile.objects.get_or_create(
+        name=name, defaults={"role": name.title(), "model": "scripted:responder", "tools": ["reply", "finish"]}
+    )
+    return name
 
 
 def last_seq(saga: Saga) -> int:

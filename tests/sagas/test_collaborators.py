@@ -12,7 +12,7 @@ from sagas import errors
 from sagas.access import collaborator_card, visible_collaborators
 from sagas.actions import add_agent, add_human, create_saga
 from sagas.models import Collaborator, Delegation, Run, Saga
-from tests.sagas.kernel import Team, field_errors, journal, last_seq, queued_turns
+from tests.sagas.kernel import Team, field_errors, journal, last_seq, profile_named, queued_turns
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
@@ -110,6 +110,7 @@ def test_only_managers_add_collaborators(team: Team, who: str, request: pytest.F
         ({"name": "Bad Name"}, errors.InvalidPayload, "name"),
         ({"runtime": "cloud"}, errors.InvalidPayload, "runtime"),
         ({"runtime": "internal"}, errors.InvalidPayload, "profile"),
+        ({"runtime": "internal", "profile": "no-such-profile"}, errors.InvalidPayload, "profile"),
         ({"name": "coder"}, errors.NameTaken, None),
         ({"parent": "agent:nobody"}, errors.NotFound, None),
     ],
@@ -144,7 +145,13 @@ def test_an_internal_agent_gets_a_queued_run_and_its_first_turn_is_rung_after_co
 ) -> None:
     with django_capture_on_commit_callbacks(execute=True):
         agent, token = add_agent(
-            saga=team.saga, name="worker", role="", task="", runtime="internal", profile="responder", by=alice
+            saga=team.saga,
+            name="worker",
+            role="",
+            task="",
+            runtime="internal",
+            profile=profile_named("responder"),
+            by=alice,
         )
 
     assert token is None

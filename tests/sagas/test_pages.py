@@ -17,7 +17,7 @@ from accounts.models import User
 from journal.actions import record
 from sagas import actions
 from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga, SteeringItem
-from tests.sagas.kernel import outcomes, run_concurrently
+from tests.sagas.kernel import outcomes, profile_named, run_concurrently
 
 pytestmark = pytest.mark.django_db
 
@@ -268,7 +268,13 @@ def test_worker_progress_from_runtime_events(cast: Cast, alice: User) -> None:
 def test_a_run_coming_to_rest_is_journaled_and_shown(alice: User) -> None:
     saga = actions.create_saga(title="Docs", owner=alice)
     writer, _ = actions.add_agent(
-        saga=saga, name="writer", role="Writer", task="Docs", runtime="internal", profile="writer", by=alice
+        saga=saga,
+        name="writer",
+        role="Writer",
+        task="Docs",
+        runtime="internal",
+        profile=profile_named("writer"),
+        by=alice,
     )
     run = actions.claim_turn(run_id=writer.run.pk)
     assert run is not None
@@ -355,7 +361,9 @@ def test_adding_collaborators_needs_the_manage_permission(cast: Cast, alice: Use
     scout = Collaborator.objects.get(saga=cast.saga, name="scout")
     assert scout.delegation.delegator == cast.lead
 
-    internal = as_alice.post(add_agent, {"name": "writer", "runtime": "internal", "profile": "coder"})
+    unknown_profile = as_alice.post(add_agent, {"name": "writer", "runtime": "internal", "profile": "coder"})
+    assert unknown_profile.status_code == 400 and "No profile coder" in unknown_profile.content.decode()
+    internal = as_alice.post(add_agent, {"name": "writer", "runtime": "internal", "profile": profile_named("coder")})
     assert internal.status_code == 302
     assert Collaborator.objects.get(saga=cast.saga, name="writer").profile == "coder"
 
