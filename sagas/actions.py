@@ -275,9 +275,11 @@ def push_steering(
 
 
 def wake(collaborator: Collaborator) -> None:
-    """An idle internal run gets a turn; a running one finds the item when its turn ends."""
-    publish_after_commit(steering_channel(collaborator.pk))
+    """An idle internal run gets a turn; a running one finds the item when its turn ends. Others
+    may be long-polling their steering over HTTP: a ping wakes them (nobody polls an internal
+    agent's, and a ping costs the committing turn about a millisecond)."""
     if collaborator.runtime != Collaborator.Runtime.INTERNAL:
+        publish_after_commit(steering_channel(collaborator.pk))
         return
     with connection.cursor() as cursor:
         cursor.execute(_WAKE_SQL, [Run.Status.QUEUED.value, collaborator.pk, Run.Status.IDLE.value])
@@ -640,7 +642,8 @@ def close_request(request: AgentRequest, *, actor: str, notify_recipient: bool) 
         )  # fmt: skip
     if request.mode == AgentRequest.Mode.WAIT:  # only a wait parks its sender's run
         resume_waiter(request=request)
-    publish_after_commit(request_channel(request.pk))
+    if request.sender.runtime != Collaborator.Runtime.INTERNAL:  # only an external sender waits over HTTP
+        publish_after_commit(request_channel(request.pk))
     record(
         saga_id=request.saga_id,
         type=f"request.{request.status}",

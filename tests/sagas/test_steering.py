@@ -8,6 +8,7 @@ import pytest
 from django.conf import LazySettings
 
 from accounts.models import User
+from config.notify import Notifier
 from sagas import errors
 from sagas.actions import (
     ask_agent,
@@ -19,6 +20,7 @@ from sagas.actions import (
     steer,
 )
 from sagas.models import AgentRequest, Collaborator, Run, SteeringItem
+from sagas.wakeups import request_channel, steering_channel
 from tests.sagas.conftest import MakeTeam
 from tests.sagas.kernel import (
     Team,
@@ -185,6 +187,33 @@ def test_a_busy_recipient_gets_the_request_at_its_next_turn_not_during_this_one(
     assert [i.request_id for i in consume_steering(recipient=team["coder"], turn=2)] == [request.pk]
     assert SteeringItem.objects.get(request=request, kind="request").consumed_turn == 2
     assert AgentRequest.objects.get(pk=request.pk).status == "delivered"
+
+
+def test_pings_go_only_to_those_who_may_be_listening_over_http(
+    make_team: MakeTeam, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
+) -> None:
+    """An external agent may be long-polling its steering, and an external sender waiting on its
+    request over HTTP: each gets a ping. An internal agent's turns are rung through Celery and
+    nobody polls its steering: no ping for it, nor for the requests it sent."""
+    team = make_team(internal=["coder"])
+    pinged: list[str] = []
+    ping = Notifier.ping
+
+    def recording(self: Notifier, channel: str) -> None:
+        pinged.append(channel)
+        ping(self, channel)
+
+    monkeypatch.setattr(Notifier, "ping", recording)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        from_lead = ask(team, "lead", "coder")  # external → internal
+        from_coder = ask(team, "coder", "tester")  # internal → external
+        reply_to_request(request_id=from_coder.pk, by=team.user("tester"), payload={"ok": True})
+        reply_to_request(request_id=from_lead.pk, by=team.user("coder"), payload={"ok": True})
+
+    assert sorted(pinged) == sorted(
+        [steering_channel(team["tester"].pk), steering_channel(team["lead"].pk), request_channel(from_lead.pk)]
+    )
 
 
 def test_a_turn_with_nothing_unread_goes_idle(make_team: MakeTeam) -> None:
