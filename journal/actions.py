@@ -26,9 +26,11 @@ _NEXT_SEQ_SQL = (
 )
 
 
-# How long a saga's first unsent event waits for more to go out with it: a live view does not see
-# 10 ms, and a turn's events then leave in one message instead of one per transaction.
-PUBLISH_LINGER_S = 0.01
+# How long a saga's first unsent event waits for more to go out with it. A live view does not see
+# 50 ms; meanwhile a turn's events gather into one message, and the fan-out to live views, the
+# least urgent work of a worker, does not compete with the wake-ups and claims that carry the
+# agents' requests and replies (an agent's round trip takes about 10 ms).
+PUBLISH_LINGER_S = 0.05
 
 
 def group_name(saga_id: UUID | str) -> str:
