@@ -153,6 +153,7 @@ CHANNEL_LAYERS = channel_layers_for(REDIS_URL)
 # Celery. The database is the source of truth and Redis only rings doorbells, so these settings
 # favour "run again" over "lose": every task is written to be safe when delivered twice.
 CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_TRANSPORT = "config.broker:Transport"  # kombu's Redis transport, a client per channel
 CELERY_RESULT_BACKEND = None  # nothing reads task results; outcomes live in the database
 CELERY_TASK_ACKS_LATE = True  # a worker killed mid-task leaves the message to be redelivered
 CELERY_TASK_REJECT_ON_WORKER_LOST = True  # ...including when the child process dies (kill -9)
