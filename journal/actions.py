@@ -28,8 +28,8 @@ _NEXT_SEQ_SQL = (
 
 # How long a saga's first unsent event waits for more to go out with it. A live view does not see
 # 50 ms; meanwhile a turn's events gather into one message, and the fan-out to live views, the
-# least urgent work of a worker, does not compete with the wake-ups and claims that carry the
-# agents' requests and replies (an agent's round trip takes about 10 ms).
+# least urgent work of a worker, stays off the few milliseconds in which wake-ups and claims carry
+# an agent's request and its reply.
 PUBLISH_LINGER_S = 0.05
 
 
