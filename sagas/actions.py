@@ -274,11 +274,17 @@ def push_steering(
     return item
 
 
+def waits_over_http(collaborator: Collaborator) -> bool:
+    """Whether collaborator may be waiting on Agora over HTTP (a steering long-poll, an ask in
+    `wait` mode), which a ping after commit wakes. An internal agent never is: Celery rings its
+    turns, and a ping for nobody costs the committing turn about a millisecond."""
+    return collaborator.runtime != Collaborator.Runtime.INTERNAL
+
+
 def wake(collaborator: Collaborator) -> None:
-    """An idle internal run gets a turn; a running one finds the item when its turn ends. Others
-    may be long-polling their steering over HTTP: a ping wakes them (nobody polls an internal
-    agent's, and a ping costs the committing turn about a millisecond)."""
-    if collaborator.runtime != Collaborator.Runtime.INTERNAL:
+    """An idle internal run gets a turn; a running one finds the item when its turn ends; anyone
+    else may be long-polling its steering."""
+    if waits_over_http(collaborator):
         publish_after_commit(steering_channel(collaborator.pk))
         return
     with connection.cursor() as cursor:
@@ -642,7 +648,7 @@ def close_request(request: AgentRequest, *, actor: str, notify_recipient: bool) 
         )  # fmt: skip
     if request.mode == AgentRequest.Mode.WAIT:  # only a wait parks its sender's run
         resume_waiter(request=request)
-    if request.sender.runtime != Collaborator.Runtime.INTERNAL:  # only an external sender waits over HTTP
+    if waits_over_http(request.sender):
         publish_after_commit(request_channel(request.pk))
     record(
         saga_id=request.saga_id,
