@@ -145,14 +145,9 @@ def test_an_internal_agent_gets_a_queued_run_and_its_first_turn_is_rung_after_co
 ) -> None:
     with django_capture_on_commit_callbacks(execute=True):
         agent, token = add_agent(
-            saga=team.saga,
-            name="worker",
-            role="",
-            task="",
-            runtime="internal",
+            saga=team.saga, name="worker", role="", task="", runtime="internal", by=alice,
             profile=profile_named("responder"),
-            by=alice,
-        )
+        )  # fmt: skip
 
     assert token is None
     assert not ApiToken.objects.filter(user=agent.user).exists()

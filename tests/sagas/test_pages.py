@@ -268,14 +268,9 @@ def test_worker_progress_from_runtime_events(cast: Cast, alice: User) -> None:
 def test_a_run_coming_to_rest_is_journaled_and_shown(alice: User) -> None:
     saga = actions.create_saga(title="Docs", owner=alice)
     writer, _ = actions.add_agent(
-        saga=saga,
-        name="writer",
-        role="Writer",
-        task="Docs",
-        runtime="internal",
-        profile=profile_named("writer"),
+        saga=saga, name="writer", role="Writer", task="Docs", runtime="internal", profile=profile_named("writer"),
         by=alice,
-    )
+    )  # fmt: skip
     run = actions.claim_turn(run_id=writer.run.pk)
     assert run is not None
     record(saga_id=saga.pk, type="worker_start", actor="agent:writer", run_id=run.pk, data={"role": "Writer"})
