@@ -34,6 +34,11 @@ class AgentProfile(models.Model):
         return set(self.requires) <= set(self.model_capabilities.get(model, []))
 
 
+def profile_exists(name: str) -> bool:
+    """The kernel's question before it adds an internal agent (`AGORA_PROFILE_EXISTS`)."""
+    return AgentProfile.objects.filter(name=name).exists()
+
+
 class TranscriptEntry(models.Model):
     """One message of a run's conversation, in the chat-completions shape, so any run can resume
     after a crash from exactly what was persisted."""

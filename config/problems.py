@@ -8,7 +8,20 @@ from django.http import Http404
 from rest_framework import exceptions
 from rest_framework.response import Response
 
-from sagas.errors import KernelError
+
+class Problem(Exception):
+    """An error the API reports as problem+json with its stable code and HTTP status. Each layer
+    derives its own (the kernel's are `sagas.errors`), so that this handler imports none of them."""
+
+    code = "error"
+    status = 400
+    title = "Error"
+
+    def __init__(self, detail: str = "", **extra: object) -> None:
+        super().__init__(detail or self.title)
+        self.detail = detail or self.title
+        self.extra = extra
+
 
 _DRF_CODES: list[tuple[type[Exception], str, str]] = [
     (exceptions.NotAuthenticated, "not_authenticated", "Not authenticated"),
@@ -30,7 +43,7 @@ def problem(status_code: int, code: str, title: str, detail: Any, **extra: Any) 
 
 
 def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, KernelError):
+    if isinstance(exc, Problem):
         return problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
     if isinstance(exc, RequestDataTooBig):
         return problem(413, "payload_too_large", "Payload too large", str(exc))

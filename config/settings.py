@@ -222,5 +222,8 @@ AGORA_STEERING_POLL_MAX_S = float(os.environ.get("AGORA_STEERING_POLL_MAX_S", "6
 # A run with more to do keeps its worker for its next turns until this much time has passed
 # since the task started, then queues behind the others.
 AGORA_TURN_SLICE_S = float(os.environ.get("AGORA_TURN_SLICE_S", "0.1"))
+# Which agent profiles exist is the runtime's knowledge; the kernel asks it through this callable
+# (a dotted path, so that the kernel never imports the runtime) before adding an internal agent.
+AGORA_PROFILE_EXISTS = "agents.models.profile_exists"
 AGORA_RERING_S = float(os.environ.get("AGORA_RERING_S", "15"))
 AGORA_PLAYBOOK_DIRS = env_list("AGORA_PLAYBOOK_DIRS", "")

@@ -1,15 +1,10 @@
 """Kernel errors: each carries the stable code and HTTP status that the API reports."""
 
+from config.problems import Problem
 
-class KernelError(Exception):
-    code = "error"
-    status = 400
-    title = "Error"
 
-    def __init__(self, detail: str = "", **extra: object) -> None:
-        super().__init__(detail or self.title)
-        self.detail = detail or self.title
-        self.extra = extra
+class KernelError(Problem):
+    """A kernel rule refused the operation."""
 
 
 def _error(name: str, code: str, status: int, title: str) -> type[KernelError]:

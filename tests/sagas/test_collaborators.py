@@ -129,6 +129,26 @@ def test_add_agent_refuses_bad_input_and_stores_nothing(
     assert (Collaborator.objects.count(), Run.objects.count(), User.objects.count(), last_seq(team.saga)) == before
 
 
+def test_the_kernel_asks_the_runtime_which_profiles_exist(team: Team, alice: User, settings: Any) -> None:
+    """The kernel never imports the runtime: the callable that `AGORA_PROFILE_EXISTS` names answers."""
+    ASKED.clear()
+    settings.AGORA_PROFILE_EXISTS = f"{__name__}.{remember_and_refuse.__name__}"
+
+    with pytest.raises(errors.InvalidPayload) as refused:
+        add_agent(saga=team.saga, name="newbie", role="", task="", runtime="internal", profile="x", by=alice)
+
+    assert ASKED == ["x"] and "profile" in field_errors(refused)
+    assert not Collaborator.objects.filter(saga=team.saga, name="newbie").exists()
+
+
+ASKED: list[str] = []
+
+
+def remember_and_refuse(name: str) -> bool:
+    ASKED.append(name)
+    return False
+
+
 def test_an_external_agent_gets_a_token_once_and_only_its_hash_is_kept(team: Team, alice: User) -> None:
     agent, token = add_agent(saga=team.saga, name="ext", role="", task="", runtime="external", by=alice)
 

@@ -1,0 +1,1 @@
+"""Protocol gateways: agents of other ecosystems reach the kernel through its actions."""

@@ -1,0 +1,61 @@
+"""The kernel's writes, by concern. Each action locks its saga (`locking`), changes state, journals
+it in the same transaction, and rings doorbells only after commit. Callers import from here."""
+
+from sagas.actions.collaborators import add_agent, add_human, find_collaborator
+from sagas.actions.human_forms import answer_human_request, ask_human, visible_human_request
+from sagas.actions.lifecycle import create_saga
+from sagas.actions.locking import saga_transaction
+from sagas.actions.requests import (
+    ask_agent,
+    cancel_request,
+    due_expiry_ids,
+    due_wait_ids,
+    end_wait,
+    expire_request,
+    get_request_for,
+    outcome,
+    reply_to_request,
+)
+from sagas.actions.runs import (
+    claim_turn,
+    end_turn,
+    finish_run,
+    park_on_request,
+    queued_run,
+    reclaim_lapsed_turn,
+    renew_lease,
+    set_external_status,
+    take_turn,
+)
+from sagas.actions.steering import consume_steering, steer
+
+__all__ = [
+    "add_agent",
+    "add_human",
+    "answer_human_request",
+    "ask_agent",
+    "ask_human",
+    "cancel_request",
+    "claim_turn",
+    "consume_steering",
+    "create_saga",
+    "due_expiry_ids",
+    "due_wait_ids",
+    "end_turn",
+    "end_wait",
+    "expire_request",
+    "find_collaborator",
+    "finish_run",
+    "get_request_for",
+    "outcome",
+    "park_on_request",
+    "queued_run",
+    "reclaim_lapsed_turn",
+    "renew_lease",
+    "reply_to_request",
+    "saga_transaction",
+    "set_external_status",
+    "steer",
+    "take_turn",
+    "visible_human_request",
+]

@@ -1,0 +1,50 @@
+"""The saga lock every write takes first, and the transaction a turn holds it in.
+
+Every action starts by locking the saga row: all of a saga's writes already queue on its journal
+head, so taking that place in line first costs nothing and rules out lock-order deadlocks.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from django.db import connection, transaction
+
+from sagas import errors
+from sagas.models import Saga
+
+# The saga whose row lock the current transaction holds, set by saga_transaction(): the actions
+# called inside it find the lock taken and do not ask for it again.
+_held_lock: ContextVar[Saga | None] = ContextVar("held_saga_lock", default=None)
+
+
+def lock_saga(saga_id: Any) -> Saga:
+    held = _held_lock.get()
+    if held is not None and str(held.pk) == str(saga_id):
+        return held
+    # NO KEY UPDATE: writers of one saga queue here, but inserts that merely reference the saga
+    # (journal events, requests) take KEY SHARE on it and must not wait behind us, or a writer
+    # holding a journal head while inserting its event deadlocks with us.
+    saga = Saga.objects.select_for_update(no_key=True).filter(pk=saga_id).first()
+    if saga is None:
+        raise errors.NotFound(f"No saga {saga_id}.")
+    return saga
+
+
+@contextmanager
+def saga_transaction(saga: Saga) -> Iterator[Saga]:
+    """A transaction that takes the saga's lock first and holds it to the end, for callers that
+    run several actions in one transaction (a turn of an internal run).
+
+    On SQLite, BEGIN IMMEDIATE has already taken the database's one write lock, and a saga's row
+    never changes after it is created: the caller's copy serves, and nothing is read.
+    """
+    with transaction.atomic():
+        if connection.vendor != "sqlite":
+            saga = lock_saga(saga.pk)
+        token = _held_lock.set(saga)
+        try:
+            yield saga
+        finally:
+            _held_lock.reset(token)

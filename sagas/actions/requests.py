@@ -1,0 +1,381 @@
+"""ask_agent and its outcomes: durable requests from sender to recipient, and their terminal states."""
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from accounts.models import User
+from config.sql import columns, db_value, fetch_one, insert, update
+from journal.actions import record
+from sagas import errors
+from sagas.access import SagaTree, may_address, may_manage
+from sagas.actions.locking import lock_saga
+from sagas.actions.payloads import check_payload
+from sagas.actions.steering import push_steering, resume_waiter, waits_over_http
+from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
+from sagas.wakeups import publish_after_commit, request_channel
+
+TYPE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
+TYPE_MAX = 100
+Status = AgentRequest.Status
+
+
+def body_hash(**body: Any) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@transaction.atomic
+def ask_agent(
+    *,
+    sender: Collaborator,
+    to: str,
+    type: str,
+    payload: Any,
+    mode: str = AgentRequest.Mode.ASYNC,
+    timeout_s: float | None = None,
+    idempotency_key: str = "",
+) -> tuple[AgentRequest, bool]:
+    """Register a durable request to another agent; returns it and whether it is new.
+
+    The same idempotency key with the same body returns the first request; with another body it
+    is an `idempotency_conflict`. A `wait` registers an edge of the waits-for graph until
+    `wait_deadline`; one that would close a cycle is refused with `deadlock`.
+    """
+    if not sender.is_agent:
+        raise errors.Forbidden("Only agents ask agents; people steer them.")
+    if not isinstance(type, str) or len(type) > TYPE_MAX or not TYPE_RE.match(type):
+        raise errors.InvalidPayload("Bad request type.", errors={"type": ["A short dotted name such as code.review."]})
+    if mode not in AgentRequest.Mode.values:
+        raise errors.InvalidPayload("Bad mode.", errors={"mode": ["async or wait."]})
+    if payload is None:  # the column is NOT NULL: refuse here rather than fail the insert
+        raise errors.InvalidPayload("A request needs a payload.", errors={"payload": ["This field is required."]})
+    check_payload(payload)
+    wait_s = min(float(settings.AGORA_DEFAULT_WAIT_S if timeout_s is None else timeout_s), settings.AGORA_MAX_WAIT_S)
+    if wait_s <= 0:
+        raise errors.InvalidPayload("Bad timeout.", errors={"timeout_s": ["Must be positive."]})
+    digest = body_hash(to=to, type=type, payload=payload, mode=mode)
+    saga = lock_saga(sender.saga_id)
+    now = timezone.now()
+    try:
+        recipient, hop = check_ask(saga, sender, to, mode, now=now)
+    except errors.KernelError:
+        # A key that was used before answers with its request, whatever has changed since.
+        if idempotency_key and (first := replay(sender, idempotency_key, digest)):
+            return first, False
+        raise
+    run = recipient.run
+    request = AgentRequest(
+        saga=saga, sender=sender, recipient=recipient, type=type, payload=payload, mode=mode,
+        idempotency_key=idempotency_key, body_hash=digest, hop=hop,
+        wait_deadline=now + timedelta(seconds=wait_s) if mode == AgentRequest.Mode.WAIT else None,
+        expires_at=now + timedelta(seconds=settings.AGORA_REQUEST_TTL_S),
+    )  # fmt: skip
+    try:
+        with transaction.atomic():
+            insert(request)
+    except IntegrityError:  # its key was used before: answer with that request (or a conflict)
+        first = replay(sender, idempotency_key, digest) if idempotency_key else None
+        if first is None:
+            raise
+        return first, False
+    # A finished run reaching this point is resumable: the new request restarts it.
+    resumed = run.is_finished and Run.objects.filter(pk=run.pk, status__in=Run.FINISHED).update(status=Run.Status.IDLE)
+    push_steering(
+        recipient=recipient, kind=SteeringItem.Kind.REQUEST, sender=sender.handle, request=request, payload=payload
+    )
+    record(
+        saga_id=saga.pk,
+        type="request.created",
+        actor=sender.handle,
+        run_id=sender_run_id(sender),
+        data={"request_id": request.pk, "to": recipient.handle, "type": type, "mode": mode, "hop": hop,
+              "payload": payload},
+    )  # fmt: skip
+    if resumed:
+        record(
+            saga_id=saga.pk,
+            type="run.resumed",
+            actor=sender.handle,
+            run_id=run.pk,
+            data={"previous_status": run.status, "request_id": request.pk},
+        )
+    return request, True
+
+
+# What the limits of one ask read, in one statement (it runs on every ask): the sender's open
+# requests, the deepest hop among the open requests it received, the recipient's unread steering.
+_OPEN_STATUSES = [status.value for status in AgentRequest.OPEN]
+_OPEN = ", ".join(["%s"] * len(_OPEN_STATUSES))
+_LIMITS_SQL = (
+    f"SELECT (SELECT COUNT(*) FROM {AgentRequest._meta.db_table} WHERE sender_id = %s AND status IN ({_OPEN})), "
+    f"(SELECT MAX(hop) FROM {AgentRequest._meta.db_table} WHERE recipient_id = %s AND status IN ({_OPEN})), "
+    f"(SELECT COUNT(*) FROM {SteeringItem._meta.db_table} WHERE recipient_id = %s AND consumed_at IS NULL)"
+)
+
+
+def check_ask(saga: Saga, sender: Collaborator, to: str, mode: str, *, now: Any) -> tuple[Collaborator, int]:
+    """Whether sender may ask `to` now: visible, addressable, available, within the limits.
+    Returns the recipient (with its run) and the new request's hop."""
+    kind, _, name = to.partition(":")
+    recipient = agent_with_run(saga, name) if kind == Collaborator.Kind.AGENT else None
+    if recipient is None:
+        raise errors.NotFound(f"No collaborator {to} in this saga.")
+    if recipient.pk == sender.pk:
+        raise errors.InvalidPayload("An agent cannot ask itself.", errors={"to": ["That is you."]})
+    # The address grants follow the saga tree (sync_address_grants) and every agent one may address
+    # is one it sees: a grant settles it. Only a refusal needs the tree, to tell an agent the
+    # sender cannot see (404, as for one that does not exist) from one it may not address.
+    if not may_address(sender, recipient):
+        if recipient.pk not in SagaTree.load(saga).visible_ids(sender):
+            raise errors.NotFound(f"No collaborator {to} in this saga.")
+        raise errors.NotAddressable(f"The saga's {saga.policy} policy does not let {sender.handle} address {to}.")
+    if recipient.run.is_finished and not recipient.run.resumable:
+        raise errors.RecipientUnavailable(f"{to} has {recipient.run.status} and cannot resume.")
+    with connection.cursor() as cursor:
+        cursor.execute(_LIMITS_SQL, [sender.pk, *_OPEN_STATUSES, sender.pk, *_OPEN_STATUSES, recipient.pk])
+        sent, deepest, backlog = cursor.fetchone()
+    if sent >= settings.AGORA_MAX_PENDING_PER_SENDER:
+        raise errors.TooManyPending(
+            f"{sender.handle} already has {settings.AGORA_MAX_PENDING_PER_SENDER} open requests."
+        )
+    hop = (deepest or 0) + 1
+    if hop > settings.AGORA_MAX_HOPS:
+        raise errors.HopLimit(f"This would be hop {hop}; the limit is {settings.AGORA_MAX_HOPS}.")
+    if backlog >= settings.AGORA_MAX_STEERING_BACKLOG:
+        raise errors.TooManyPending(f"{recipient.handle} has {backlog} unread steering items.")
+    if mode == AgentRequest.Mode.WAIT:
+        check_no_cycle(saga, sender, recipient, now=now)
+    return recipient, hop
+
+
+def agent_with_run(saga: Saga, name: str) -> Collaborator | None:
+    """The saga's agent of that name, with its run."""
+    params = [db_value(Collaborator, "saga", saga.pk), Collaborator.Kind.AGENT.value, name]
+    row = fetch_one(_AGENT_WITH_RUN_SQL, params, Collaborator, Run)
+    if row is None:
+        return None
+    collaborator, run = row
+    run.collaborator = collaborator  # and collaborator.run is run
+    return collaborator
+
+
+_AGENT_WITH_RUN_SQL = (
+    f"SELECT {columns(Collaborator, 'c')}, {columns(Run, 'r')} FROM {Collaborator._meta.db_table} c "
+    f"JOIN {Run._meta.db_table} r ON r.collaborator_id = c.id WHERE c.saga_id = %s AND c.kind = %s AND c.name = %s"
+)
+
+
+def sender_run_id(collaborator: Collaborator) -> str:
+    try:
+        return str(collaborator.run.pk)  # often loaded with the collaborator (a turn's own run)
+    except Run.DoesNotExist:
+        return ""
+
+
+def replay(sender: Collaborator, key: str, digest: str) -> AgentRequest | None:
+    first = AgentRequest.objects.filter(sender=sender, idempotency_key=key).first()
+    if first is not None and first.body_hash != digest:
+        raise errors.IdempotencyConflict("This Idempotency-Key was already used for a different request.")
+    return first
+
+
+def check_no_cycle(saga: Saga, sender: Collaborator, recipient: Collaborator, *, now: Any) -> None:
+    """Refuse a wait that closes a cycle in the waits-for graph (serialised by the saga lock)."""
+    edges: dict[int, list[tuple[int, str]]] = {}
+    waits = AgentRequest.objects.filter(saga=saga, status__in=AgentRequest.OPEN, wait_deadline__gt=now)
+    for request_id, waiter, awaited in waits.values_list("pk", "sender_id", "recipient_id"):
+        edges.setdefault(waiter, []).append((awaited, request_id))
+    path = find_path(edges, recipient.pk, sender.pk)
+    if path is None:
+        return
+    names = dict(Collaborator.objects.filter(saga=saga).values_list("pk", "name"))
+    kinds = dict(Collaborator.objects.filter(saga=saga).values_list("pk", "kind"))
+    steps = [f"{sender.handle} → {recipient.handle} (this request)"]
+    steps += [f"→ {kinds[node]}:{names[node]} ({request_id})" for node, request_id in path]
+    raise errors.Deadlock(
+        " ".join(steps), cycle=[sender.handle, recipient.handle] + [f"{kinds[n]}:{names[n]}" for n, _ in path]
+    )
+
+
+def find_path(edges: dict[int, list[tuple[int, str]]], start: int, goal: int) -> list[tuple[int, str]] | None:
+    """A path start → … → goal as [(node, request_id), …], by depth-first search."""
+    stack: list[tuple[int, list[tuple[int, str]]]] = [(start, [])]
+    seen = {start}
+    while stack:
+        node, path = stack.pop()
+        for nxt, request_id in edges.get(node, []):
+            if nxt == goal:
+                return [*path, (nxt, request_id)]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, [*path, (nxt, request_id)]))
+    return None
+
+
+def request_visible_to(request: AgentRequest, user: User) -> bool:
+    return user.pk in (request.sender.user_id, request.recipient.user_id) or may_manage(user, request.saga)
+
+
+def get_request_for(user: User, request_id: str) -> AgentRequest:
+    """The request if user is its sender, recipient or a manager of its saga; else 404."""
+    row = fetch_one(_REQUEST_SQL, [request_id], AgentRequest, Collaborator, Collaborator)
+    if row is not None:
+        request, request.sender, request.recipient = row[0], row[1], row[2]
+        if request_visible_to(request, user):
+            return request
+    raise errors.NotFound(f"No request {request_id}.")
+
+
+_REQUEST_SQL = (
+    f"SELECT {columns(AgentRequest, 'q')}, {columns(Collaborator, 's')}, {columns(Collaborator, 'r')} "
+    f"FROM {AgentRequest._meta.db_table} q JOIN {Collaborator._meta.db_table} s ON s.id = q.sender_id "
+    f"JOIN {Collaborator._meta.db_table} r ON r.id = q.recipient_id WHERE q.id = %s"
+)
+
+
+def closed_error(request: AgentRequest) -> errors.KernelError:
+    if request.status == Status.CANCELLED:
+        return errors.RequestCancelled(f"{request.pk} was cancelled by its sender.")
+    if request.status in (Status.COMPLETED, Status.FAILED):
+        return errors.AlreadyAnswered(f"{request.pk} was already answered.")
+    return errors.RequestClosed(f"{request.pk} is {request.status}.", status=request.status)
+
+
+@transaction.atomic
+def reply_to_request(*, request_id: str, by: User, payload: Any = None, error: Any = None) -> AgentRequest:
+    """The recipient's one reply (a payload, or an error that fails the request)."""
+    request = get_request_for(by, request_id)
+    lock_saga(request.saga_id)
+    if request.recipient.user_id != by.pk:
+        raise errors.Forbidden("Only the recipient replies to a request.")
+    if (payload is None) == (error is None):
+        raise errors.InvalidPayload("Send a payload or an error.", errors={"payload": ["payload or error, not both."]})
+    check_payload(payload if error is None else error)
+    status = Status.COMPLETED if error is None else Status.FAILED
+    err = None if error is None else normalise_error(error)
+    if not settle(request, status, reply=payload, error=err):
+        request.refresh_from_db()
+        raise closed_error(request)
+    close_request(request, actor=request.recipient.handle, notify_recipient=False)
+    return request
+
+
+def normalise_error(error: Any) -> dict[str, Any]:
+    if isinstance(error, dict):
+        return {"code": str(error.get("code", "error")), "message": str(error.get("message", ""))}
+    return {"code": "error", "message": str(error)}
+
+
+def settle(request: AgentRequest, status: str, **fields: Any) -> bool:
+    """Compare-and-set an open request to a terminal status. The one that wins also updates the
+    object it holds (loaded with its sender and recipient, which close_request() reads)."""
+    changes = {"status": status, "wait_deadline": None, "updated_at": timezone.now(), **fields}
+    if not update(AgentRequest, {"id": request.pk, "status": _OPEN_STATUSES}, **changes):
+        return False
+    for name, value in changes.items():
+        setattr(request, name, value)
+    return True
+
+
+def close_request(request: AgentRequest, *, actor: str, notify_recipient: bool) -> None:
+    """After a request's terminal transition: tell the sender (and maybe the recipient), resume
+    a parked sender, journal it."""
+    body = outcome(request)
+    kind = (
+        SteeringItem.Kind.RESPONSE if request.status in (Status.COMPLETED, Status.FAILED) else SteeringItem.Kind.NOTICE
+    )
+    push_steering(
+        recipient=request.sender, kind=kind, sender=request.recipient.handle, request=request, payload=body["payload"]
+    )
+    if notify_recipient:
+        push_steering(
+            recipient=request.recipient, kind=SteeringItem.Kind.NOTICE, sender=request.sender.handle, request=request,
+            payload={"status": request.status},
+        )  # fmt: skip
+    if request.mode == AgentRequest.Mode.WAIT:  # only a wait parks its sender's run
+        resume_waiter(request=request)
+    if waits_over_http(request.sender):
+        publish_after_commit(request_channel(request.pk))
+    record(
+        saga_id=request.saga_id,
+        type=f"request.{request.status}",
+        actor=actor,
+        data={"request_id": request.pk, "from": request.sender.handle, "to": request.recipient.handle,
+              "status": request.status, "payload": body["payload"], "error": request.error},
+    )  # fmt: skip
+
+
+def outcome(request: AgentRequest) -> dict[str, Any]:
+    """What the sender learns: the seed's result shape."""
+    body: dict[str, Any] = {"request_id": request.pk, "status": request.status, "from": request.recipient.handle}
+    body["payload"] = request.reply if request.status == Status.COMPLETED else None
+    if request.error:
+        body["error"] = request.error
+    return body
+
+
+@transaction.atomic
+def cancel_request(*, request_id: str, by: User) -> AgentRequest:
+    """The sender withdraws its request; cancelling twice is fine, a late reply is refused."""
+    request = get_request_for(by, request_id)
+    lock_saga(request.saga_id)
+    if request.sender.user_id != by.pk:
+        raise errors.Forbidden("Only the sender cancels a request.")
+    if not settle(request, Status.CANCELLED):
+        request.refresh_from_db()
+        if request.status == Status.CANCELLED:
+            return request
+        raise closed_error(request)
+    close_request(request, actor=request.sender.handle, notify_recipient=True)
+    return request
+
+
+def end_wait(*, request_id: str) -> bool:
+    """The sender stops waiting (its timeout passed): the edge leaves the waits-for graph and a
+    parked run resumes with `timed_out`. The request itself stays open."""
+    with transaction.atomic():
+        request = AgentRequest.objects.select_related("sender").filter(pk=request_id).first()
+        if request is None:
+            return False
+        lock_saga(request.saga_id)
+        if not AgentRequest.objects.filter(pk=request_id, wait_deadline__isnull=False).update(wait_deadline=None):
+            return False
+        resume_waiter(request=request)
+        record(
+            saga_id=request.saga_id,
+            type="request.wait_timed_out",
+            actor=request.sender.handle,
+            data={"request_id": request_id, "status": request.status},
+        )
+        return True
+
+
+@transaction.atomic
+def expire_request(*, request_id: str) -> bool:
+    """Its TTL passed before anyone answered: a terminal `expired` for both sides."""
+    request = AgentRequest.objects.select_related("sender", "recipient").filter(pk=request_id).first()
+    if request is None:
+        return False
+    lock_saga(request.saga_id)
+    # expires_at never changes once set, and the reconciler asks only for requests past it.
+    if request.expires_at > timezone.now() or not settle(request, Status.EXPIRED):
+        return False
+    close_request(request, actor="system", notify_recipient=True)
+    return True
+
+
+def due_wait_ids(now: Any) -> Iterable[str]:
+    return AgentRequest.objects.filter(wait_deadline__lte=now).values_list("pk", flat=True)[:500]
+
+
+def due_expiry_ids(now: Any) -> Iterable[str]:
+    return AgentRequest.objects.filter(status__in=AgentRequest.OPEN, expires_at__lte=now).values_list("pk", flat=True)[
+        :500
+    ]

@@ -1,0 +1,203 @@
+"""Runs and leases: the state machine of an agent's run, the turns the runtime drives through it
+(claim, lease, park, end), and its terminal transition."""
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.models import User
+from config.sql import columns, fetch_one, update
+from journal.actions import record
+from sagas import errors
+from sagas.actions.locking import lock_saga, saga_transaction
+from sagas.actions.requests import Status, close_request, settle
+from sagas.actions.steering import has_unread
+from sagas.models import AgentRequest, Collaborator, Delegation, Run, Saga
+from sagas.wakeups import ring_run_after_commit
+
+
+@transaction.atomic
+def finish_run(*, run: Run, status: str, result: Any = None, error: str = "", actor: str | None = None) -> bool:
+    """A run's terminal transition. Every open request addressed to it becomes
+    `recipient_unavailable` in the same transaction, and each sender is told."""
+    collaborator = run.collaborator
+    lock_saga(collaborator.saga_id)
+    if status not in Run.FINISHED:
+        raise errors.InvalidPayload(f"{status} is not a terminal run status.")
+    if not Run.objects.filter(pk=run.pk).exclude(status__in=Run.FINISHED).update(
+        status=status, result=result, error=error, lease_until=None, waiting_on=None,
+        wait_until=None,
+    ):  # fmt: skip
+        return False
+    Delegation.objects.filter(delegate=collaborator).update(status=DELEGATION_STATUS.get(status, "cancelled"))
+    AgentRequest.objects.filter(sender=collaborator, wait_deadline__isnull=False).update(wait_deadline=None)
+    stranded = AgentRequest.objects.filter(recipient=collaborator, status__in=AgentRequest.OPEN)
+    for request in stranded.select_related("sender", "recipient"):
+        if settle(request, Status.RECIPIENT_UNAVAILABLE):
+            close_request(request, actor=collaborator.handle, notify_recipient=False)
+    record(
+        saga_id=collaborator.saga_id,
+        type=f"run.{status}",
+        actor=actor or collaborator.handle,
+        run_id=run.pk,
+        data={"result": result, "error": error},
+    )
+    return True
+
+
+DELEGATION_STATUS: dict[str, str] = {
+    Run.Status.COMPLETED: Delegation.Status.COMPLETED,
+    Run.Status.FAILED: Delegation.Status.FAILED,
+}
+EXTERNAL_STATUS = {"working": Run.Status.RUNNING, "idle": Run.Status.IDLE, "finished": Run.Status.COMPLETED}
+
+
+@transaction.atomic
+def set_external_status(*, run_id: str, status: str, by: User) -> Run:
+    """An external agent reports `working`, `idle` or `finished` for its own run."""
+    run = Run.objects.select_related("collaborator").filter(pk=run_id, collaborator__user=by).first()
+    if run is None:
+        raise errors.NotFound(f"No run {run_id}.")
+    if run.collaborator.runtime != Collaborator.Runtime.EXTERNAL:
+        raise errors.Forbidden("Agora runs this agent's turns itself.")
+    if status not in EXTERNAL_STATUS:
+        raise errors.InvalidPayload("Bad status.", errors={"status": [f"One of {sorted(EXTERNAL_STATUS)}."]})
+    target = EXTERNAL_STATUS[status]
+    if target == Run.Status.COMPLETED:
+        finish_run(run=run, status=target)
+    else:
+        lock_saga(run.collaborator.saga_id)
+        if run.is_finished and not run.resumable:
+            raise errors.InvalidState(f"{run_id} has {run.status}.")
+        if Run.objects.filter(pk=run.pk).exclude(status=target).update(status=target):
+            record(saga_id=run.collaborator.saga_id, type=f"run.{target}", actor=run.collaborator.handle, run_id=run.pk)
+    run.refresh_from_db()
+    return run
+
+
+def lease_deadline() -> Any:
+    return timezone.now() + timedelta(seconds=settings.AGORA_LEASE_S)
+
+
+def queued_run(run_id: str) -> Run | None:
+    """The run, with what a turn needs of it (its collaborator, saga and user), if it is queued."""
+    row = fetch_one(_QUEUED_RUN_SQL, [run_id, Run.Status.QUEUED.value], Run, Collaborator, Saga, User)
+    if row is None:
+        return None
+    run, collaborator, collaborator.saga, collaborator.user = row
+    run.collaborator = collaborator
+    return run
+
+
+_QUEUED_RUN_SQL = (
+    f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')}, {columns(Saga, 's')}, {columns(User, 'u')} "
+    f"FROM {Run._meta.db_table} r JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id "
+    f"JOIN {Saga._meta.db_table} s ON s.id = c.saga_id JOIN {User._meta.db_table} u ON u.id = c.user_id "
+    "WHERE r.id = %s AND r.status = %s"
+)
+
+
+def take_turn(run: Run) -> bool:
+    """In the caller's saga transaction: compare-and-set the queued run, as loaded, to running with
+    the next turn number and a fresh lease; the object follows. False: a redelivered doorbell, or
+    another worker got it (which rang its own doorbell for anything after)."""
+    lease_until, now = lease_deadline(), timezone.now()
+    queued = {"id": run.pk, "status": Run.Status.QUEUED, "turn": run.turn}
+    if not update(Run, queued, status=Run.Status.RUNNING, turn=run.turn + 1, lease_until=lease_until, updated_at=now):
+        return False
+    run.status, run.turn, run.lease_until, run.updated_at = Run.Status.RUNNING, run.turn + 1, lease_until, now
+    return True
+
+
+def claim_turn(*, run_id: str) -> Run | None:
+    """take_turn() in a transaction of its own; None when the run was not claimed."""
+    run = queued_run(run_id)
+    if run is None:
+        return None
+    with saga_transaction(run.collaborator.saga):
+        return run if take_turn(run) else None
+
+
+@transaction.atomic
+def reclaim_lapsed_turn(*, run_id: str, now: Any, mark: Any) -> bool:
+    """A turn whose lease lapsed (its worker died) is queued again, as last touched at `mark`."""
+    saga_id = Run.objects.filter(pk=run_id).values_list("collaborator__saga_id", flat=True).first()
+    if saga_id is None:
+        return False
+    lock_saga(saga_id)
+    run = Run.objects.select_related("collaborator").get(pk=run_id)
+    if not Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, turn=run.turn, lease_until__lt=now).update(
+        status=Run.Status.QUEUED, lease_until=None, updated_at=mark
+    ):
+        return False
+    record(
+        saga_id=run.collaborator.saga_id,
+        type="run.reclaimed",
+        actor=run.collaborator.handle,
+        run_id=run_id,
+        data={"turn": run.turn, "lease_until": run.lease_until.isoformat() if run.lease_until else None},
+    )
+    return True
+
+
+def renew_lease(*, run_id: str, turn: int, next_turn: bool = False) -> bool:
+    """Extend the lease of the running turn `turn`, or with `next_turn` move on to turn + 1 under
+    a fresh lease. False once the turn has been taken away from this worker. A plain statement:
+    every transaction of a turn starts with it."""
+    mine = {"id": run_id, "status": Run.Status.RUNNING, "turn": turn}
+    return bool(update(Run, mine, turn=turn + next_turn, lease_until=lease_deadline(), updated_at=timezone.now()))
+
+
+@transaction.atomic(savepoint=False)
+def park_on_request(*, run: Run, turn: int, request_id: str, tool_call_id: str) -> None:
+    """Remember, with the request's creation, which tool call waits on it; the turn parks at its
+    end. The caller's run object learns it too: end_turn() reads it from there."""
+    Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, turn=turn).update(
+        waiting_on_id=request_id, wait_tool_call_id=tool_call_id
+    )
+    run.waiting_on_id, run.wait_tool_call_id = request_id, tool_call_id
+
+
+@transaction.atomic(savepoint=False)
+def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str | None:
+    """Leave the turn: wait on a request, come back for another turn, or go idle. With `carry_on`,
+    a run that comes back keeps its worker: it stays `running` with the next turn number and a new
+    lease (returns `running`) instead of queueing for any worker. `run` is the turn's own object,
+    loaded with its collaborator and carrying what park_on_request() set.
+
+    Under the saga lock, so a reply or a steering item that lands at the same instant either sees
+    the run parked (and wakes it) or is seen here (and the run comes straight back).
+    """
+    collaborator = run.collaborator
+    lock_saga(collaborator.saga_id)
+    mine = {"id": run.pk, "status": Run.Status.RUNNING, "turn": turn}
+    if run.waiting_on_id:
+        request = AgentRequest.objects.get(pk=run.waiting_on_id)
+        if request.is_open and request.wait_deadline is not None:
+            if update(Run, mine, status=Run.Status.WAITING, wait_until=request.wait_deadline, lease_until=None):
+                record_rest(run, Run.Status.WAITING, turn=turn, request_id=request.pk)
+            return Run.Status.WAITING
+        more = True  # answered (or timed out) before the turn even ended
+    status = Run.Status.QUEUED if more or has_unread(collaborator) else Run.Status.IDLE
+    if status == Run.Status.QUEUED and carry_on:
+        return Run.Status.RUNNING if renew_lease(run_id=run.pk, turn=turn, next_turn=True) else None
+    moved = update(Run, mine, status=status, lease_until=None, updated_at=timezone.now())
+    if moved and status == Run.Status.QUEUED:
+        ring_run_after_commit(run.pk)
+    elif moved:
+        record_rest(run, status, turn=turn)
+    return status
+
+
+def record_rest(run: Run, status: str, *, turn: int, request_id: str = "") -> None:
+    """Journal a run coming to rest (idle, or waiting on a request): the dashboard's roster and
+    tree learn of it from the journal. A run going straight on to its next turn is not recorded;
+    its next model call is."""
+    data: dict[str, Any] = {"turn": turn}
+    if request_id:
+        data["request_id"] = request_id
+    collaborator = run.collaborator
+    record(saga_id=collaborator.saga_id, type=f"run.{status}", actor=collaborator.handle, run_id=run.pk, data=data)

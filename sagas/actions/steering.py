@@ -1,0 +1,154 @@
+"""Steering: each collaborator's durable inbound queue, drained at turn boundaries."""
+
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from accounts.models import User
+from config.sql import columns, fetch, insert, update
+from journal.actions import record
+from sagas import errors
+from sagas.access import may_manage
+from sagas.actions.collaborators import actor_id
+from sagas.actions.locking import lock_saga
+from sagas.actions.payloads import check_payload
+from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga, SteeringItem
+from sagas.wakeups import publish_after_commit, ring_run_after_commit, steering_channel
+
+# Every request and reply goes through push_steering(): plain statements for its two updates.
+_NEXT_STEERING_SEQ_SQL = (
+    f"UPDATE {Collaborator._meta.db_table} SET steering_seq = steering_seq + 1 WHERE id = %s RETURNING steering_seq"
+)
+_WAKE_SQL = f"UPDATE {Run._meta.db_table} SET status = %s WHERE collaborator_id = %s AND status = %s RETURNING id"
+
+
+def push_steering(
+    *,
+    recipient: Collaborator,
+    kind: str,
+    sender: str,
+    request: AgentRequest | None = None,
+    human_request: HumanRequest | None = None,
+    payload: Any = None,
+) -> SteeringItem:
+    """Append to the recipient's steering and wake it after commit; never interrupts a running turn."""
+    with connection.cursor() as cursor:
+        cursor.execute(_NEXT_STEERING_SEQ_SQL, [recipient.pk])
+        (seq,) = cursor.fetchone()
+    item = insert(SteeringItem(
+        recipient=recipient, seq=seq, kind=kind, sender=sender, request=request, human_request=human_request,
+        payload=payload,
+    ))  # fmt: skip
+    wake(recipient)
+    return item
+
+
+def waits_over_http(collaborator: Collaborator) -> bool:
+    """Whether collaborator may be waiting on Agora over HTTP (a steering long-poll, an ask in
+    `wait` mode), which a ping after commit wakes. An internal agent never is: Celery rings its
+    turns, and a ping for nobody costs the committing turn about a millisecond."""
+    return collaborator.runtime != Collaborator.Runtime.INTERNAL
+
+
+def wake(collaborator: Collaborator) -> None:
+    """An idle internal run gets a turn; a running one finds the item when its turn ends; anyone
+    else may be long-polling its steering."""
+    if waits_over_http(collaborator):
+        publish_after_commit(steering_channel(collaborator.pk))
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(_WAKE_SQL, [Run.Status.QUEUED.value, collaborator.pk, Run.Status.IDLE.value])
+        woken = cursor.fetchone()
+    if woken:
+        ring_run_after_commit(woken[0])
+
+
+def resume_waiter(request: AgentRequest) -> None:
+    """A run parked on this request gets its next turn, which reads the outcome."""
+    for run_id in Run.objects.filter(status=Run.Status.WAITING, waiting_on=request).values_list("pk", flat=True):
+        if Run.objects.filter(pk=run_id, status=Run.Status.WAITING).update(status=Run.Status.QUEUED, wait_until=None):
+            ring_run_after_commit(run_id)
+
+
+def check_backlog(recipient: Collaborator) -> None:
+    backlog = SteeringItem.objects.filter(recipient=recipient, consumed_at__isnull=True).count()
+    if backlog >= settings.AGORA_MAX_STEERING_BACKLOG:
+        raise errors.TooManyPending(f"{recipient.handle} has {backlog} unread steering items.")
+
+
+# The turn's own steps (consume_steering, park_on_request, end_turn) join the caller's transaction
+# without a savepoint: a failure in one of them fails the turn whole.
+@transaction.atomic(savepoint=False)
+def consume_steering(
+    *, recipient: Collaborator, upto_seq: int | None = None, turn: int | None = None
+) -> list[SteeringItem]:
+    """Mark the recipient's unread items (up to `upto_seq`) consumed, by `turn` for internal runs.
+
+    Called in the transaction that records the turn's input, so a crash before it leaves them
+    unread. Requests among them become `delivered`.
+    """
+    lock_saga(recipient.saga_id)
+    upto, params = ("", [recipient.pk]) if upto_seq is None else (" AND i.seq <= %s", [recipient.pk, upto_seq])
+    rows = fetch(_UNREAD_SQL.format(upto=upto), params, SteeringItem, AgentRequest)
+    if not rows:
+        return []
+    for item, request in rows:
+        item.request = request
+    consumed: list[SteeringItem] = [item for item, _ in rows]
+    now = timezone.now()
+    update(SteeringItem, {"id": [i.pk for i in consumed]}, consumed_at=now, consumed_turn=turn)
+    for item in consumed:
+        item.consumed_at, item.consumed_turn = now, turn
+    requests = [i.request_id for i in consumed if i.kind == SteeringItem.Kind.REQUEST and i.request_id]
+    if requests:
+        # The compare-and-set alone decides which of them this delivers.
+        with connection.cursor() as cursor:
+            ids = ", ".join(["%s"] * len(requests))
+            cursor.execute(
+                _DELIVER_SQL.format(ids=ids),
+                [AgentRequest.Status.DELIVERED.value, AgentRequest.Status.PENDING.value, *requests],
+            )
+            delivered = {row[0] for row in cursor.fetchall()}
+        for request_id in (r for r in requests if r in delivered):  # in steering order
+            record(saga_id=recipient.saga_id, type="request.delivered", actor=recipient.handle,
+                   data={"request_id": request_id})  # fmt: skip
+    return consumed
+
+
+_UNREAD_SQL = (
+    f"SELECT {columns(SteeringItem, 'i')}, {columns(AgentRequest, 'q')} FROM {SteeringItem._meta.db_table} i "
+    f"LEFT JOIN {AgentRequest._meta.db_table} q ON q.id = i.request_id "
+    "WHERE i.recipient_id = %s AND i.consumed_at IS NULL{upto} ORDER BY i.seq"
+)
+_DELIVER_SQL = (
+    f"UPDATE {AgentRequest._meta.db_table} SET status = %s WHERE status = %s AND id IN ({{ids}}) RETURNING id"
+)
+
+
+@transaction.atomic
+def steer(*, saga: Saga, to: Collaborator, message: Any, by: User) -> SteeringItem:
+    """A manager's message to an agent, delivered at its next turn boundary."""
+    saga = lock_saga(saga.pk)
+    if not may_manage(by, saga):
+        raise errors.Forbidden("Only managers of the saga steer its agents.")
+    if to.saga_id != saga.pk:  # managing one saga gives no reach into another
+        raise errors.NotFound(f"No collaborator {to.handle} in this saga.")
+    if not to.is_agent:
+        raise errors.InvalidPayload("Steer agents; ask people through forms.", errors={"to": ["Not an agent."]})
+    check_payload(message, field="message")
+    check_backlog(to)
+    sender = actor_id(saga, by)
+    item = push_steering(recipient=to, kind=SteeringItem.Kind.MESSAGE, sender=sender, payload=message)
+    record(saga_id=saga.pk, type="steering.message", actor=sender, data={"to": to.handle, "seq": item.seq})
+    return item
+
+
+def has_unread(collaborator: Collaborator) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(_ANY_UNREAD_SQL, [collaborator.pk])
+        return cursor.fetchone() is not None
+
+
+_ANY_UNREAD_SQL = f"SELECT 1 FROM {SteeringItem._meta.db_table} WHERE recipient_id = %s AND consumed_at IS NULL LIMIT 1"
