@@ -23,11 +23,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import User
+from config.params import integer_param, seconds_param
 from config.parsers import LimitedJSONParser
 from journal.models import JournalEvent
-from journal.views import cursor_param
 from sagas import actions, errors
-from sagas.access import collaborator_card, collaborator_for, may_manage, visible_collaborators
+from sagas.access import JournalLens, collaborator_card, collaborator_for, may_manage, visible_collaborators
 from sagas.api import serializers as s
 from sagas.api.waiting import Done, Wait, WaitingResponse
 from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga, SteeringItem
@@ -71,22 +71,12 @@ def idempotency_key(request: Request) -> str:
     return key
 
 
-def seconds_param(request: Request, name: str, *, limit: float) -> float:
-    raw = request.query_params.get(name) or "0"
-    try:
-        value = float(raw)
-    except ValueError:
-        raise exceptions.ValidationError({name: ["A number of seconds."]}) from None
-    if not 0 <= value < float("inf"):
-        raise exceptions.ValidationError({name: ["A non-negative number of seconds."]})
-    return min(value, limit)
+def cursor_param(request: Request) -> int:
+    return integer_param(request.query_params, "after", default=0)
 
 
 def limit_param(request: Request, *, limit: int) -> int:
-    raw = request.query_params.get("limit") or str(limit)
-    if not raw.isdigit() or int(raw) < 1:
-        raise exceptions.ValidationError({"limit": ["A positive integer."]})
-    return min(int(raw), limit)
+    return min(integer_param(request.query_params, "limit", default=limit, minimum=1), limit)
 
 
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -352,7 +342,7 @@ class SteeringFeedApi(ApiView):
     def get(self, request: Request) -> Response:
         """The calling agent's steering items after the cursor; waits up to `wait` seconds for one."""
         after = cursor_param(request)
-        wait_s = seconds_param(request, "wait", limit=settings.AGORA_STEERING_POLL_MAX_S)
+        wait_s = min(seconds_param(request.query_params, "wait"), settings.AGORA_STEERING_POLL_MAX_S)
         me = Collaborator.objects.filter(user=principal(request), kind=Collaborator.Kind.AGENT).first()
         if me is None:
             raise errors.Forbidden("Only agents have steering.")
@@ -464,10 +454,15 @@ class JournalEventListApi(ApiView):
         responses={200: s.JournalPageOutput, **problems(400, 401, 404)},
     )
     def get(self, request: Request, saga_id: UUID) -> Response:
-        """The saga's journal after a cursor, in seq order; page on with the last seq seen."""
+        """The events after a cursor the caller may see, in seq order; page on with the last seq seen.
+
+        Managers see every event; anyone else the events of the collaborators they see and of the
+        requests, forms and messages they are party to (README, "Who sees what").
+        """
         after, limit = cursor_param(request), limit_param(request, limit=JOURNAL_PAGE)
         saga = visible_saga(principal(request), saga_id)
-        events = JournalEvent.objects.for_saga(saga.pk, after=after)[:limit]
+        lens = JournalLens(principal(request), saga)
+        events, _ = lens.take(JournalEvent.objects.for_saga(saga.pk, after=after), limit)
         return Response(s.JournalPageOutput({"events": [event.as_dict() for event in events]}).data)
 
 
