@@ -15,6 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import User
@@ -300,8 +301,10 @@ def add_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     if token is None:
         messages.success(request, f"{collaborator.handle} joined; its first turn is queued.")
         return redirect(saga_url(saga, "team"))
-    # The token is shown in this response only: it never goes through a cookie or the session.
-    return render_saga(request, saga, forms={"token": {"handle": collaborator.handle, "token": token}}, status=201)
+    # The token is shown in this response only: it never goes through a cookie, the session or a cache.
+    response = render_saga(request, saga, forms={"token": {"handle": collaborator.handle, "token": token}}, status=201)
+    add_never_cache_headers(response)
+    return response
 
 
 @login_required

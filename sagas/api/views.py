@@ -15,6 +15,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import exceptions, serializers
@@ -180,7 +181,10 @@ class CollaboratorAddApi(ApiView):
             card = collaborator_card(collaborator)
         else:
             raise exceptions.ValidationError({"kind": ["agent or human."]})
-        return Response(s.CollaboratorAddedOutput(card).data, status=201)
+        response = Response(s.CollaboratorAddedOutput(card).data, status=201)
+        if "token" in card:
+            add_never_cache_headers(response)  # the token must stay out of every cache (no-store)
+        return response
 
 
 class CollaboratorCollectionApi(CollaboratorListApi, CollaboratorAddApi):
