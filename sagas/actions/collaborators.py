@@ -12,6 +12,7 @@ from accounts.models import User
 from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage, sync_address_grants
+from sagas.actions.caps import check_delegate_caps
 from sagas.actions.locking import lock_saga
 from sagas.actions.payloads import check_goal
 from sagas.models import Collaborator, Delegation, Run, Saga
@@ -67,6 +68,7 @@ def add_agent(
     delegator = resolve_parent(saga, parent, by=by, acting=acting)
     if Collaborator.objects.filter(saga=saga, kind=Collaborator.Kind.AGENT, name=name).exists():
         raise errors.NameTaken(f"agent:{name} is already in this saga.")
+    check_delegate_caps(saga, delegator)
     user = create_agent_user(username=f"agent.{saga.pk.hex[:12]}.{name}")
     collaborator = Collaborator.objects.create(
         saga=saga,

@@ -10,6 +10,7 @@ from accounts.models import User
 from journal.actions import record
 from sagas import errors, forms
 from sagas.access import may_manage
+from sagas.actions.caps import check_form_caps
 from sagas.actions.collaborators import find_collaborator
 from sagas.actions.locking import lock_saga
 from sagas.actions.payloads import payload_size
@@ -40,6 +41,7 @@ def ask_human(
         if (first.addressee_id, first.title, first.fields) != (addressee.pk, title, schema):
             raise errors.IdempotencyConflict("This Idempotency-Key was already used for a different form.")
         return first, False
+    check_form_caps(saga, asker)
     human_request = HumanRequest.objects.create(
         saga=saga, asker=asker, addressee=addressee, title=title, fields=schema, idempotency_key=idempotency_key
     )

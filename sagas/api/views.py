@@ -30,7 +30,7 @@ from journal.models import JournalEvent
 from sagas import actions, errors
 from sagas.access import JournalLens, collaborator_card, collaborator_for, may_manage, visible_collaborators
 from sagas.api import serializers as s
-from sagas.api.waiting import Done, Wait, WaitingResponse
+from sagas.api.waiting import Done, Wait, WaitingResponse, hold_wait
 from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga, SteeringItem
 from sagas.wakeups import request_channel, steering_channel
 
@@ -152,7 +152,7 @@ class CollaboratorAddApi(ApiView):
             serializers={"agent": s.AgentAddInput, "human": s.HumanAddInput},
             resource_type_field_name="kind",
         ),
-        responses={201: s.CollaboratorAddedOutput, **problems(400, 401, 403, 404, 409)},
+        responses={201: s.CollaboratorAddedOutput, **problems(400, 401, 403, 404, 409, 429)},
     )
     def post(self, request: Request, saga_id: UUID) -> Response:
         """Add an agent (managers anywhere; an agent only its own delegates) or a person (managers).
@@ -267,15 +267,22 @@ class AgentRequestCreateApi(ApiView):
         if sender is None:
             raise errors.Forbidden("Only agents of this saga ask its agents.")
         ask = valid(s.AskInput, request.data)
-        ask_request, created = actions.ask_agent(
-            sender=sender, to=ask["to"], type=ask["type"], payload=ask["payload"], mode=ask["mode"],
-            timeout_s=ask["timeout_s"], idempotency_key=idempotency_key(request),
-        )  # fmt: skip
+        key = idempotency_key(request)
+        slot = hold_wait(sender) if ask["mode"] == AgentRequest.Mode.WAIT else None  # before anything is written
+        try:
+            ask_request, created = actions.ask_agent(
+                sender=sender, to=ask["to"], type=ask["type"], payload=ask["payload"], mode=ask["mode"],
+                timeout_s=ask["timeout_s"], idempotency_key=key,
+            )  # fmt: skip
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
         headers = {} if created else {"Idempotent-Replayed": "true"}
         if ask_request.mode == AgentRequest.Mode.ASYNC:
             pending = s.AskPendingOutput({"request_id": ask_request.pk, "status": "pending"}).data
             return Response(pending, status=202, headers=headers)
-        wait = Wait(channel=request_channel(ask_request.pk), check=partial(reply_check, ask_request.pk))
+        wait = Wait(channel=request_channel(ask_request.pk), check=partial(reply_check, ask_request.pk), slot=slot)
         response = WaitingResponse(timed_out_data(ask_request.pk), status=202, wait=wait)
         for name, value in headers.items():
             response[name] = value
@@ -341,7 +348,7 @@ class SteeringFeedApi(ApiView):
             ),
             OpenApiParameter("wait", OpenApiTypes.NUMBER, description="Long-poll up to this many seconds."),
         ],
-        responses={200: s.SteeringOutput, **problems(400, 401, 403)},
+        responses={200: s.SteeringOutput, **problems(400, 401, 403, 429)},
     )
     def get(self, request: Request) -> Response:
         """The calling agent's steering items after the cursor; waits up to `wait` seconds for one."""
@@ -356,7 +363,9 @@ class SteeringFeedApi(ApiView):
         if items or wait_s == 0:
             return Response(s.SteeringOutput({"items": items}).data)
         wait = Wait(
-            channel=steering_channel(me.pk), check=partial(steering_check, me.pk, after, time.monotonic() + wait_s)
+            channel=steering_channel(me.pk),
+            check=partial(steering_check, me.pk, after, time.monotonic() + wait_s),
+            slot=hold_wait(me),
         )
         return WaitingResponse({"items": []}, status=200, wait=wait)
 
@@ -388,7 +397,7 @@ class HumanRequestCreateApi(ApiView):
         responses={
             201: s.HumanRequestCreatedOutput,
             200: OpenApiResponse(s.HumanRequestCreatedOutput, description="A replay of an Idempotency-Key."),
-            **problems(400, 401, 403, 404, 409),
+            **problems(400, 401, 403, 404, 409, 429),
         },
     )
     def post(self, request: Request, saga_id: UUID) -> Response:
