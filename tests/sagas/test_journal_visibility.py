@@ -20,6 +20,7 @@ from django.test import Client
 from accounts.actions import issue_token
 from accounts.models import User
 from config.asgi import application
+from journal.actions import record
 from journal.models import JournalEvent
 from sagas.access import JournalLens
 from sagas.actions import add_agent, answer_human_request, ask_agent, ask_human, consume_steering, reply_to_request
@@ -33,6 +34,9 @@ SECRETS = ("agent:reviewer", "review-secret", "reply-secret", "Budget sign-off",
 
 
 def tell(team: Team, alice: User) -> None:
+    # reviewer at work, as the runtime journals it: a worker of a collaborator coder does not see.
+    record(saga_id=team.saga.pk, type="worker_start", actor="agent:reviewer", run_id=team.run("reviewer").pk,
+           data={"role": "Reviewer", "task": "reviewer-at-work"})  # fmt: skip
     review, _ = ask_agent(sender=team["reviewer"], to="agent:lead", type="review", payload={"s": "review-secret"})
     with transaction.atomic():
         consume_steering(recipient=team["lead"])
@@ -174,6 +178,10 @@ def test_the_dashboard_timeline_and_parts_apply_the_rule(story: Team, bob: User)
     rows = coder.get(f"/sagas/{story.saga.pk}/journal/?after=0").content.decode()
     assert "asked agent:lead · plan" in rows  # its own request is there
     assert "added agent:reviewer" not in rows
+    assert "reviewer-at-work" not in coder.get(f"/sagas/{story.saga.pk}/live/workers/").content.decode()
+    bob_sees = Client()
+    bob_sees.force_login(bob)
+    assert "reviewer-at-work" in bob_sees.get(f"/sagas/{story.saga.pk}/live/workers/").content.decode()
 
 
 @pytest.mark.django_db(transaction=True)
