@@ -15,7 +15,6 @@ import pytest
 from agents.mcp.actions import load_mcp_servers
 from sagas.models import Collaborator, Run, Saga
 from sagas.tasks import reconcile
-from tests.agents.conftest import LEASE_S
 from tests.agents.fake_llm import FakeLLM, say, tool_call
 from tests.agents.test_runtime import AddAgent, tool_result
 from tests.sagas.kernel import events_of, finished
@@ -185,4 +184,3 @@ def test_a_worker_killed_during_an_mcp_call_does_not_repeat_the_completed_one(
     assert tool_result(last, "c1") == {"result": "marked a"}
     assert tool_result(last, "c2") == {"result": "unblocked b"}
     assert [e.data["tool"] for e in events_of(saga, "mcp_call")] == ["mark", "block"]
-    assert float(LEASE_S) > 0

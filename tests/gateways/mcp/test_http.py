@@ -83,11 +83,18 @@ def test_kernel_rules_hold_as_over_rest(web_server: WebServer, cast: Cast) -> No
             # Caps: a payload over the limit is refused whole.
             big = {**ask, "idempotency_key": "", "payload": {"blob": "x" * 300_000}}
             assert error_code(await tester.call_tool("ask_agent", big)) == "payload_too_large"
+            # A wait that passes its timeout says so; the request stays open for a later reply.
+            wait = {"to": "agent:coder", "type": "t.y", "payload": {}, "mode": "wait", "timeout_s": 0.5}
+            waited = data(await tester.call_tool("ask_agent", wait))
+            assert (waited["status"], waited["timed_out"]) == ("pending", True)
             cancelled = data(await tester.call_tool("cancel_request", {"request_id": first["request_id"]}))
             assert cancelled["status"] == "cancelled"
 
     anyio.run(scenario)
-    assert AgentRequest.objects.filter(saga=cast.saga).count() == 1
+    assert sorted(AgentRequest.objects.filter(saga=cast.saga).values_list("type", "status")) == [
+        ("t.x", "cancelled"),
+        ("t.y", "pending"),
+    ]
 
     # Authentication: a call without an agent's valid API token is refused before any tool runs.
     parts = urlsplit(web_server.url)
