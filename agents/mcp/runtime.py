@@ -18,6 +18,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import DatabaseError
 from mcp import MCPError
 from mcp.types import REQUEST_TIMEOUT, CallToolResult, TextContent
 
@@ -87,6 +88,12 @@ def connect_servers(run_id: str, names: list[str]) -> tuple[dict[str, dict[str, 
     return report, offered, changed
 
 
+def connection_report(run_id: str, servers: list[str]) -> dict[str, dict[str, Any]]:
+    """`{server: {"status": "connected", "tools": [...]} | {"status": "failed", "reason": ...}}` for a
+    run's servers, connecting them on this process: what a run's result reports as its `mcp`."""
+    return connect_servers(run_id, servers)[0]
+
+
 def content_of(result: CallToolResult) -> Any:
     """What the model sees of a result: its structured content, else its text, else its blocks."""
     if result.structured_content is not None:
@@ -133,7 +140,13 @@ class RunTools:
     def release(self, *, still_active: Callable[[], bool]) -> None:
         """After a task of the run: keep its connections for its next turns, or close them when the
         run idles, waits or ends. Costs nothing for a run without MCP servers."""
-        if self.servers and open_for(self.run_id) and not still_active():
+        if not (self.servers and open_for(self.run_id)):
+            return
+        try:
+            active = still_active()
+        except DatabaseError:  # the task is failing anyway: do not hide why behind this
+            active = False
+        if not active:
             pool().close_run(self.run_id)
 
     def schemas(self) -> list[dict[str, Any]]:

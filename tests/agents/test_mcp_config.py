@@ -2,16 +2,20 @@
 
 import json
 import re
+import sys
 from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 
+from agents.mcp.actions import load_mcp_servers
+from agents.mcp.connections import open_for, pool
 from agents.mcp.models import McpServer
-from agents.mcp.runtime import is_mcp_call, offered_name
+from agents.mcp.runtime import connection_report, is_mcp_call, offered_name
 from agents.models import AgentProfile
 from agents.tools import TOOLS
+from tests.agents.test_mcp import SERVER as TOOLS_SERVER
 
 pytestmark = pytest.mark.django_db
 
@@ -71,3 +75,24 @@ def test_offered_names_are_valid_function_names_that_never_clash_with_built_in_t
         assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name) and name.startswith("files__")
         assert is_mcp_call(name)
     assert not any(is_mcp_call(name) for name in TOOLS)
+
+
+def test_the_connection_report_says_which_servers_connected_with_which_tools_and_why_others_did_not() -> None:
+    load_mcp_servers(
+        entries=[
+            {"name": "tools", "transport": "stdio", "command": sys.executable, "args": [TOOLS_SERVER],
+             "allowed_tools": ["echo", "add"]},
+            {"name": "broken", "transport": "stdio", "command": "/nonexistent/mcp-server", "allowed_tools": ["*"]},
+            {"name": "off", "transport": "stdio", "command": sys.executable, "allowed_tools": ["*"], "enabled": False},
+        ]
+    )  # fmt: skip
+    try:
+        report = connection_report("run-report", ["tools", "broken", "off", "missing"])
+        assert report["tools"] == {"status": "connected", "tools": ["tools__echo", "tools__add"]}
+        assert report["broken"]["status"] == "failed" and "mcp-server" in report["broken"]["reason"]
+        assert report["off"] == report["missing"] == {"status": "failed", "reason": "no such enabled MCP server",
+                                                      "tools": []}  # fmt: skip
+        assert open_for("run-report")
+    finally:
+        pool().close_run("run-report")
+    assert not open_for("run-report")
