@@ -14,9 +14,10 @@ from django.utils import timezone
 
 from accounts.authentication import authenticate_key
 from accounts.models import User
-from sagas import actions, errors
+from sagas import actions, errors, waits
 from sagas.access import collaborator_card, visible_collaborators
 from sagas.models import AgentRequest, Collaborator, SteeringItem
+from sagas.waits import WaitSlot
 
 STEERING_PAGE = 200  # as over REST: the caller pages on with `after`
 
@@ -58,6 +59,12 @@ def ask_agent(
         sender=me(user), to=to, type=type, payload=payload, mode=mode, timeout_s=timeout_s,
         idempotency_key=idempotency_key,
     )  # fmt: skip
+
+
+def hold_wait(user: User) -> WaitSlot:
+    """A place among the agent's and the saga's waits in progress, the same as the REST API's
+    (`too_many_waits` past either cap); taken before anything is written."""
+    return waits.hold_wait(me(user))
 
 
 def pending(request_id: str, *, timed_out: bool = False) -> dict[str, Any]:

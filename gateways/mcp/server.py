@@ -131,13 +131,17 @@ async def steering_after(key: str, after: int, wait_s: float) -> dict[str, Any]:
     collaborator_id, page = await kernel(ops.read_steering, user, after=after)
     if page["items"] or time.monotonic() >= until:
         return page
-    async with Doorbell(steering_channel(collaborator_id)) as bell:
-        while True:
-            _, page = await kernel(ops.read_steering, user, after=after)
-            left = until - time.monotonic()
-            if page["items"] or left <= 0:
-                return page
-            await bell.ring_or_timeout(max(0.01, min(RECHECK_S, left)))
+    slot = await kernel(ops.hold_wait, user)
+    try:
+        async with Doorbell(steering_channel(collaborator_id)) as bell:
+            while True:
+                _, page = await kernel(ops.read_steering, user, after=after)
+                left = until - time.monotonic()
+                if page["items"] or left <= 0:
+                    return page
+                await bell.ring_or_timeout(max(0.01, min(RECHECK_S, left)))
+    finally:
+        await sync_to_async(slot.release)()
 
 
 Json = Annotated[Any, Field(description="Any JSON value.")]
@@ -173,17 +177,23 @@ def build_server(principal: Principal) -> MCPServer:
     ) -> CallToolResult:
         """Send a request to another agent of the saga. mode=async returns a request_id at once and the reply
         arrives through read_steering; mode=wait returns the reply (or `timed_out`, the reply coming later)."""
+        slot = None
         try:
             user = await kernel(ops.principal, principal(ctx))
+            if mode == "wait":
+                slot = await kernel(ops.hold_wait, user)
             request, _ = await kernel(
                 ops.ask_agent, user, to=to, type=type, payload=payload, mode=mode, timeout_s=timeout_s,
                 idempotency_key=idempotency_key,
             )  # fmt: skip
+            if request.mode != "wait":
+                return result(ops.pending(request.pk))
+            return result(await wait_for_reply(request.pk))
         except errors.KernelError as exc:
             return failure(exc)
-        if request.mode != "wait":
-            return result(ops.pending(request.pk))
-        return result(await wait_for_reply(request.pk))
+        finally:
+            if slot is not None:
+                await sync_to_async(slot.release)()
 
     @server.tool()
     async def reply(
