@@ -78,7 +78,8 @@ def failure(exc: errors.KernelError) -> CallToolResult:
 
 
 class Doorbell:
-    """A Redis subscription to one wake-up channel; without Redis, plain re-checks."""
+    """A Redis subscription to one wake-up channel; without Redis, plain re-checks. (The REST API's
+    own is in its web layer, which a gateway does not import.)"""
 
     def __init__(self, channel: str) -> None:
         self.channel = channel
