@@ -18,6 +18,9 @@ class AgentProfile(models.Model):
     resumable = models.BooleanField(default=False, help_text="Whether a finished run restarts on a new request.")
     max_turns = models.PositiveIntegerField(default=40)
     max_tokens = models.PositiveIntegerField(default=200_000, help_text="Token budget for one run.")
+    mcp_servers = models.JSONField(
+        default=list, blank=True, help_text="Names of the MCP servers whose allowed tools the agent gets."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -58,3 +61,6 @@ class TranscriptEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} #{self.seq} {self.message.get('role')}"
+
+
+from agents.mcp.models import McpServer  # noqa: E402, F401  (registered with the agents app)

@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "journal",
     "sagas",
     "agents",
+    "gateways.mcp",
 ]
 
 MIDDLEWARE = [
