@@ -199,9 +199,11 @@ def shut_down_idle(*, run_id: str, now: datetime) -> bool:
 
 
 def idle_teammate_ids(now: datetime) -> list[str]:
-    """Idle teammates whose team has an idle timeout, oldest first; shut_down_idle() decides."""
+    """Idle teammates past their team's idle timeout, oldest first (shut_down_idle() checks again
+    under the lock). Each team has its own timeout: compared here rather than in portable SQL."""
     idle = Run.objects.filter(team__isnull=False, team__idle_timeout_s__gt=0, status=Run.Status.IDLE)
-    return list(idle.order_by("updated_at").values_list("pk", flat=True)[:500])
+    rows = idle.order_by("updated_at").values_list("pk", "updated_at", "team__idle_timeout_s")[:2000]
+    return [pk for pk, since, timeout in rows if since + timedelta(seconds=timeout) <= now][:500]
 
 
 @transaction.atomic
