@@ -16,7 +16,9 @@ from django.db.models.functions import Coalesce
 
 from journal.models import JournalEvent
 from sagas.access import SagaTree, may_manage
-from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga
+from sagas.actions.teams import Teammate, lead_inbox, roster
+from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga, SteeringItem
+from sagas.models import Team as TeamModel
 
 PAGE_SIZE = 50
 FETCH_LIMIT = 200
@@ -435,3 +437,31 @@ def pretty(value: Any) -> str:
 
 def latest_seq(events: Iterable[JournalEvent]) -> int:
     return max((e.seq for e in events), default=0)
+
+
+# --- persistent teams: roster and lead inbox ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TeamView:
+    team: TeamModel
+    teammates: list[Teammate]
+    inbox: list[SteeringItem]
+    unread: int
+
+    @property
+    def at_work(self) -> int:
+        return sum(1 for m in self.teammates if m.status != "shutdown")
+
+    @property
+    def tokens(self) -> int:
+        return sum(m.tokens for m in self.teammates)
+
+
+def teams(saga: Saga, *, inbox_limit: int = 20) -> list[TeamView]:
+    """Each team of the saga with its roster and its lead's inbox (what teammates sent it)."""
+    views = []
+    for found in TeamModel.objects.filter(saga=saga).select_related("lead", "saga").order_by("created_at"):
+        inbox, unread = lead_inbox(found, limit=inbox_limit)
+        views.append(TeamView(team=found, teammates=roster(found), inbox=inbox, unread=unread))
+    return views

@@ -149,6 +149,10 @@ def workers_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
     return {"workers": dashboard.workers(saga)}
 
 
+def teams_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
+    return {"teams": dashboard.teams(saga)}
+
+
 def stats_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
     return {**team_part(request, saga), **requests_part(request, saga), "event_count": saga.journal_events.count()}
 
@@ -158,6 +162,7 @@ PARTS: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
     "team": team_part,
     "requests": requests_part,
     "workers": workers_part,
+    "teams": teams_part,
 }
 PART_TEMPLATES = {
     "team": "sagas/parts/team.html",
@@ -166,6 +171,7 @@ PART_TEMPLATES = {
     "requests": "sagas/parts/requests.html",
     "workers": "sagas/parts/workers.html",
     "inbox": "sagas/parts/inbox.html",
+    "teams": "sagas/parts/teams.html",
 }
 PART_CONTEXT: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
     "team": team_part,
@@ -174,6 +180,7 @@ PART_CONTEXT: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
     "requests": requests_part,
     "workers": workers_part,
     "inbox": inbox_part,
+    "teams": teams_part,
 }
 
 

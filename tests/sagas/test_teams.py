@@ -193,3 +193,22 @@ def test_shutting_a_team_down_ends_every_teammate_at_work(team: Team) -> None:
     assert actions.shutdown_team(team=actions.team_of(team.saga, "agent:lead"), reason="saga finished") == 2
     assert set(Run.objects.filter(team__isnull=False).values_list("status", flat=True)) == {"shutdown"}
     assert json.dumps([e.data for e in events_of(team.saga, "run.shutdown")]).count("saga finished") == 2
+
+
+def test_the_saga_page_and_its_live_part_show_the_roster_and_the_lead_inbox(team: Team, alice: User) -> None:
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(alice)
+    page_url = f"/sagas/{team.saga.pk}/"
+    assert "No team yet." in browser.get(page_url).content.decode()
+    spawn(team, "ann")
+    spawn(team, "ben")
+    actions.ask_agent(sender=team["ben"], to="agent:lead", type="team.report", payload={"found": "three clients"})
+    actions.shutdown_teammate(teammate=team["ann"], reason="done", by=alice)
+
+    for html in (browser.get(page_url).content.decode(), browser.get(f"{page_url}live/teams/").content.decode()):
+        assert 'data-team="agent:lead"' in html
+        assert 'data-teammate="agent:ann" data-status="shutdown"' in html
+        assert 'data-teammate="agent:ben" data-status="working"' in html
+        assert 'data-unread="1"' in html and "team.report" in html and "three clients" in html
