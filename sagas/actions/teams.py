@@ -96,6 +96,7 @@ def spawn_teammate(
         parent=lead.handle, by=by,
     )  # fmt: skip
     Run.objects.filter(collaborator=mate).update(team=team, spawn_key=idempotency_key, resumable=False)
+    mate.run.team, mate.run.spawn_key, mate.run.resumable = team, idempotency_key, False
     record(
         saga_id=saga.pk,
         type="team.spawned",
