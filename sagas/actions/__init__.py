@@ -30,6 +30,7 @@ from sagas.actions.runs import (
 from sagas.actions.steering import consume_steering, steer
 from sagas.actions.teams import (
     broadcast,
+    configure_team,
     find_teammate,
     idle_teammate_ids,
     lead_inbox,
@@ -51,6 +52,7 @@ __all__ = [
     "broadcast",
     "cancel_request",
     "claim_turn",
+    "configure_team",
     "consume_steering",
     "create_saga",
     "due_expiry_ids",

@@ -59,6 +59,46 @@ def visible_team(saga: Saga, lead: str, by: User) -> Team:
     raise errors.NotFound(f"{lead} leads no team in this saga.")
 
 
+def new_team(saga: Saga, lead: Collaborator) -> Team:
+    """The lead's team, created with the configured default budgets the first time it is needed."""
+    team = Team.objects.filter(lead=lead).select_related("lead", "saga").first()
+    if team is not None:
+        return team
+    return Team.objects.create(
+        saga=saga, lead=lead, max_teammates=settings.AGORA_TEAM_MAX_TEAMMATES,
+        max_tokens=settings.AGORA_TEAM_MAX_TOKENS, idle_timeout_s=settings.AGORA_TEAM_IDLE_TIMEOUT_S,
+    )  # fmt: skip
+
+
+BUDGETS = ("max_teammates", "max_tokens", "idle_timeout_s")
+
+
+@transaction.atomic
+def configure_team(*, lead: Collaborator, by: User, **budgets: float | None) -> Team:
+    """A manager sets a team's budgets (before its first spawn too); a lead cannot raise its own."""
+    saga = lock_saga(lead.saga_id)
+    if not may_manage(by, saga):
+        raise errors.Forbidden("Only managers of the saga set a team's budgets.")
+    if not lead.is_agent:
+        raise errors.InvalidPayload("A team's lead is an agent.", errors={"lead": ["Not an agent."]})
+    if unknown := set(budgets) - set(BUDGETS):
+        raise errors.InvalidPayload("Unknown budget.", errors={name: ["Unknown."] for name in sorted(unknown)})
+    changes = {name: value for name, value in budgets.items() if value is not None}
+    if bad := [name for name, value in changes.items() if value < 0]:
+        raise errors.InvalidPayload("Budgets are not negative.", errors={name: ["Must be >= 0."] for name in bad})
+    team = new_team(saga, lead)
+    for name, value in changes.items():
+        setattr(team, name, value if name == "idle_timeout_s" else int(value))
+    team.save(update_fields=[*changes] or None)
+    record(
+        saga_id=saga.pk,
+        type="team.configured",
+        actor=actor_id(saga, by),
+        data={"lead": lead.handle, **{name: getattr(team, name) for name in BUDGETS}},
+    )
+    return team
+
+
 @transaction.atomic
 def spawn_teammate(
     *, lead: Collaborator, name: str, role: str, prompt: str, profile: str, by: User, idempotency_key: str = ""
@@ -78,11 +118,7 @@ def spawn_teammate(
             if (mate.name, mate.role, mate.task, mate.profile) != (name, role, prompt, profile):
                 raise errors.IdempotencyConflict("This Idempotency-Key was already used for a different teammate.")
             return mate, False
-    if team is None:
-        team = Team.objects.create(
-            saga=saga, lead=lead, max_teammates=settings.AGORA_TEAM_MAX_TEAMMATES,
-            max_tokens=settings.AGORA_TEAM_MAX_TOKENS, idle_timeout_s=settings.AGORA_TEAM_IDLE_TIMEOUT_S,
-        )  # fmt: skip
+    team = team or new_team(saga, lead)
     runs = list(Run.objects.filter(team=team).values_list("pk", "status"))
     at_work = sum(1 for _, status in runs if status not in Run.FINISHED)
     if at_work >= team.max_teammates:

@@ -47,6 +47,12 @@ class TeamOutput(Shape):
     teammates = TeammateOutput(many=True)
 
 
+class TeamBudgetsInput(Shape):
+    max_teammates = serializers.IntegerField(min_value=0, required=False)
+    max_tokens = serializers.IntegerField(min_value=0, required=False)
+    idle_timeout_s = serializers.FloatField(min_value=0, required=False, help_text="0: never.")
+
+
 class BroadcastInput(Shape):
     content = serializers.JSONField(help_text="Usually text; any JSON value.")
 
@@ -115,6 +121,18 @@ class TeamDetailApi(ApiView):
         """The roster: each teammate's status (working, idle, waiting, shutdown), task, turns, tokens, last activity."""
         saga = visible_saga(principal(request), saga_id)
         return Response(team_data(actions.visible_team(saga, lead, principal(request))))
+
+    @extend_schema(
+        operation_id="teams_configure",
+        request=TeamBudgetsInput,
+        responses={200: TeamOutput, **problems(400, 401, 403, 404)},
+    )
+    def patch(self, request: Request, saga_id: UUID, lead: str) -> Response:
+        """A manager sets the team's budgets (creating the team if `lead` has none yet)."""
+        saga = visible_saga(principal(request), saga_id)
+        budgets = valid(TeamBudgetsInput, request.data)
+        team = actions.configure_team(lead=lead_of(saga, lead), by=principal(request), **budgets)
+        return Response(team_data(team))
 
 
 class TeammateSpawnApi(ApiView):

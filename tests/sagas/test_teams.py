@@ -212,3 +212,19 @@ def test_the_saga_page_and_its_live_part_show_the_roster_and_the_lead_inbox(team
         assert 'data-teammate="agent:ann" data-status="shutdown"' in html
         assert 'data-teammate="agent:ben" data-status="working"' in html
         assert 'data-unread="1"' in html and "team.report" in html and "three clients" in html
+
+
+def test_a_manager_sets_a_teams_budgets_and_its_lead_cannot(team: Team, alice: User) -> None:
+    lead_api, owner_api = client_for(team.user("lead"), "Bearer"), client_for(alice)
+
+    problem(lead_api.patch(url(team), {"max_teammates": 99}, format="json"), 403, "forbidden")
+    problem(owner_api.patch(url(team), {"max_tokens": -1}, format="json"), 400, "invalid_payload")
+    configured = owner_api.patch(url(team), {"max_teammates": 1, "idle_timeout_s": 0}, format="json")
+
+    assert configured.status_code == 200
+    assert (configured.json()["max_teammates"], configured.json()["idle_timeout_s"]) == (1, 0)
+    (event,) = events_of(team.saga, "team.configured")
+    assert event.actor == "human:alice" and event.data["max_teammates"] == 1
+    spawn(team, "ann")
+    with pytest.raises(errors.TeamFull):
+        spawn(team, "ben")
