@@ -398,6 +398,12 @@ def describe(event: JournalEvent) -> str:
         return text
     if kind == "steering.message":
         return f"sent a message to {d.get('to')}"
+    if kind == "team.spawned":
+        return f"spawned teammate {d.get('teammate')} ({d.get('role') or d.get('profile')}) for {d.get('lead')}"
+    if kind == "team.broadcast":
+        return f"broadcast to {len(d.get('recipients') or [])} teammates: {short(d.get('content'), 120)}"
+    if kind == "team.configured":
+        return f"set {d.get('lead')}'s team budgets: {d.get('max_teammates')} teammates, {d.get('max_tokens')} tokens"
     if kind == "human_request.created":
         return f"asked {d.get('to')}: “{d.get('title', '')}”"
     if kind == "human_request.answered":
@@ -428,6 +434,7 @@ def event_tone(event_type: str) -> str:
         "steering": "amber",
         "human": "pink",
         "worker": "green",
+        "team": "amber",
     }.get(head, "grey")
 
 

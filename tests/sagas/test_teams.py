@@ -228,3 +228,12 @@ def test_a_manager_sets_a_teams_budgets_and_its_lead_cannot(team: Team, alice: U
     spawn(team, "ann")
     with pytest.raises(errors.TeamFull):
         spawn(team, "ben")
+
+
+def test_team_events_read_well_in_the_timeline(team: Team) -> None:
+    from sagas.dashboard import describe
+
+    spawn(team, "ann")
+    actions.broadcast(lead=team["lead"], content="phase 1 done", by=team.user("lead"))
+    lines = [describe(e) for e in JournalEvent.objects.for_saga(team.saga.pk).filter(type__startswith="team.")]
+    assert lines == ["spawned teammate agent:ann (Mate) for agent:lead", "broadcast to 1 teammates: phase 1 done"]
