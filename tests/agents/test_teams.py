@@ -1,12 +1,13 @@
 """Persistent teams through a real Celery worker: a lead spawns teammates that idle between tasks,
 broadcasts to them, collects their answers and shuts one down."""
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, connections, transaction
 
 from accounts.models import User
 from agents.actions import load_profiles
@@ -202,3 +203,69 @@ def test_a_teammate_shut_down_during_its_model_call_does_nothing_more(
     assert run_of(mate).status == Run.Status.SHUTDOWN
     assert not AgentRequest.objects.filter(sender=mate).exists()
     assert not events_of(saga, "llm_call")
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="needs row locks: SQLite locks the whole database")
+@pytest.mark.parametrize("runtime_env", [{"OPENAI_TIMEOUT_S": "60"}], indirect=True)
+def test_a_worker_killed_halfway_through_a_broadcast_rolls_it_back_and_the_retry_delivers_it_once(
+    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User, settings: Any
+) -> None:
+    settings.AGORA_TEAM_MAX_TEAMMATES = 40
+    load_profiles(entries=[
+        {"name": "quiet", "role": "Mate", "model": "scripted:team-mate", "tools": ["finish"], "max_turns": 100},
+        {"name": "boss", "role": "Lead", "model": "boss", "tools": ["broadcast"]},
+    ])  # fmt: skip
+    call = tool_call("broadcast", {"content": {"go": True}}, "b1")
+    fake_llm.script("boss", GATE, say("", call), say("", call))
+    fake_llm.rule("boss", lambda body: say("Broadcast sent."))
+    with transaction.atomic():
+        boss, _ = actions.add_agent(
+            saga=saga, name="boss", role="Lead", task="t", runtime="internal", profile="boss", by=alice
+        )
+        mates = [
+            actions.spawn_teammate(lead=boss, name=f"m{i:02}", role="Mate", prompt="p", profile="quiet", by=alice)[0]
+            for i in range(30)
+        ]
+    wait_until(lambda: len(fake_llm.calls_for("boss")) == 1, timeout=60, what="the lead's model call")
+
+    # Hold the 16th teammate's row: the broadcast writes 15 items, then blocks on the 16th, inside
+    # its one transaction; the worker is killed right there.
+    locked, done = threading.Event(), threading.Event()
+
+    def hold_a_teammate() -> None:
+        with transaction.atomic():
+            Collaborator.objects.select_for_update(no_key=True).get(pk=mates[15].pk)
+            locked.set()
+            done.wait(60)
+        connections.close_all()
+
+    holder = threading.Thread(target=hold_a_teammate)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        fake_llm.gate.set()
+        with connection.cursor() as cursor:
+            # The broadcast's own statement, not some teammate's turn queueing for the saga.
+            blocked = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s"
+            wait_until(
+                lambda: cursor.execute(blocked, ["%steering_seq + 1%"]) or cursor.fetchone()[0] > 0,
+                what="the broadcast to block",
+            )
+        assert not Broadcast.objects.exists()
+        worker.kill()
+    finally:
+        done.set()
+        holder.join()
+    worker.start()
+
+    def delivered() -> bool:
+        reconcile()
+        return Broadcast.objects.count() == 1 and run_of(boss).status == Run.Status.IDLE
+
+    wait_until(delivered, timeout=90, interval=0.5, what="the broadcast, once")
+    (sent,) = Broadcast.objects.all()
+    assert sent.recipients == [m.handle for m in mates]
+    for mate in mates:
+        assert SteeringItem.objects.filter(recipient=mate, broadcast=sent).count() == 1
+    assert SteeringItem.objects.filter(broadcast__isnull=False).count() == 30
+    assert len(events_of(saga, "team.broadcast")) == 1
