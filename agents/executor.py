@@ -432,5 +432,7 @@ def render(item: SteeringItem) -> str:
             attrs["status"] = request.status
     if item.human_request_id:
         attrs["human_request_id"] = item.human_request_id
+    if item.broadcast_id:
+        attrs["broadcast_id"] = item.broadcast_id
     payload = {"error": request.error} if request is not None and request.error else item.payload
     return scripted.header(**attrs) + "\n" + json.dumps(payload, ensure_ascii=False)

@@ -42,6 +42,12 @@ def profile_exists(name: str) -> bool:
     return AgentProfile.objects.filter(name=name).exists()
 
 
+def tokens_used(run_ids: list[str]) -> dict[str, int]:
+    """The kernel's question for a team's roster and budget (`AGORA_RUN_TOKENS`): tokens by run."""
+    rows = TranscriptEntry.objects.filter(run_id__in=run_ids).values("run_id").annotate(total=models.Sum("tokens"))
+    return {row["run_id"]: int(row["total"] or 0) for row in rows}
+
+
 class TranscriptEntry(models.Model):
     """One message of a run's conversation, in the chat-completions shape, so any run can resume
     after a crash from exactly what was persisted."""

@@ -238,3 +238,8 @@ AGORA_TURN_SLICE_S = float(os.environ.get("AGORA_TURN_SLICE_S", "0.1"))
 AGORA_PROFILE_EXISTS = "agents.models.profile_exists"
 AGORA_RERING_S = float(os.environ.get("AGORA_RERING_S", "15"))
 AGORA_PLAYBOOK_DIRS = env_list("AGORA_PLAYBOOK_DIRS", "")
+# Teams: the budgets a new team starts with, and who counts its tokens (the runtime keeps them).
+AGORA_TEAM_MAX_TEAMMATES = int(os.environ.get("AGORA_TEAM_MAX_TEAMMATES", "8"))
+AGORA_TEAM_MAX_TOKENS = int(os.environ.get("AGORA_TEAM_MAX_TOKENS", "2000000"))
+AGORA_TEAM_IDLE_TIMEOUT_S = float(os.environ.get("AGORA_TEAM_IDLE_TIMEOUT_S", "3600"))
+AGORA_RUN_TOKENS = "agents.models.tokens_used"

@@ -159,6 +159,10 @@ def workers_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
     return {"workers": dashboard.workers(saga, JournalLens(request.user, saga))}
 
 
+def teams_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
+    return {"teams": dashboard.teams(saga)}
+
+
 def stats_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
     return {**team_part(request, saga), **requests_part(request, saga), "event_count": saga.journal_events.count()}
 
@@ -168,6 +172,7 @@ PARTS: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
     "team": team_part,
     "requests": requests_part,
     "workers": workers_part,
+    "teams": teams_part,
 }
 PART_TEMPLATES = {
     "team": "sagas/parts/team.html",
@@ -176,6 +181,7 @@ PART_TEMPLATES = {
     "requests": "sagas/parts/requests.html",
     "workers": "sagas/parts/workers.html",
     "inbox": "sagas/parts/inbox.html",
+    "teams": "sagas/parts/teams.html",
 }
 PART_CONTEXT: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
     "team": team_part,
@@ -184,6 +190,7 @@ PART_CONTEXT: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
     "requests": requests_part,
     "workers": workers_part,
     "inbox": inbox_part,
+    "teams": teams_part,
 }
 
 

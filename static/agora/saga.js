@@ -31,12 +31,12 @@
   // Which live parts an event can change.
   function partsFor(type) {
     if (type.startsWith("human_request.")) return ["inbox", "stats"];
-    if (type.startsWith("request.")) return ["requests", "team", "roster", "stats"];
+    if (type.startsWith("request.")) return ["requests", "team", "roster", "teams", "stats"];
     if (type.startsWith("worker_") || type.startsWith("run.") || type === "llm_call" || type === "model_fallback") {
-      return ["workers", "team", "roster", "stats"];
+      return ["workers", "team", "roster", "teams", "stats"];
     }
     if (type.startsWith("steering.")) return ["stats"];
-    return ["team", "roster", "stats"];
+    return ["team", "roster", "teams", "stats"];
   }
 
   function setStatus(name, text) {

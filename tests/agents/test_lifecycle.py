@@ -135,8 +135,13 @@ def test_the_demo_saga_plays_out_with_the_scripted_agents(worker: CeleryWorker, 
     # The review is asked asynchronously and answered in the reviewer's own time.
     wait_until(lambda: completed_types() >= {"test.plan", "code.review", "changelog.ready"}, what="every reply")
     assert form.addressee.handle == "human:demo" and form.status == "pending"
+    # The team: both teammates answered the lead's broadcast, and the checker was let go.
+    wait_until(lambda: saga.requests.filter(type="team.reply", status="completed").count() == 2, what="the team")
+    checker = Collaborator.objects.get(saga=saga, name="checker")
+    wait_until(lambda: Run.objects.get(collaborator=checker).status == Run.Status.SHUTDOWN, what="the shutdown")
     assert {c.handle for c in Collaborator.objects.filter(saga=saga)} == {
-        "human:demo", "agent:coder", "agent:tester", "agent:reviewer", "agent:docs-writer",
+        "human:demo", "agent:coder", "agent:tester", "agent:reviewer", "agent:docs-writer", "agent:lead",
+        "agent:scout", "agent:checker",
     }  # fmt: skip
     types = set(JournalEvent.objects.filter(saga=saga).values_list("type", flat=True))
     assert {"worker_start", "llm_call", "request.created", "request.completed", "human_request.created"} <= types

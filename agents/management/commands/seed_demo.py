@@ -16,6 +16,8 @@ DEMO_AGENTS = [
     ("coder", "Coder", "Implement the v2 orders API.", "demo-coder"),
     ("tester", "Tester", "Test the v2 orders API.", "demo-tester"),
     ("reviewer", "Reviewer", "Review the v2 changes.", "demo-reviewer"),
+    # A team: spawns a scout and a checker, briefs both at once, collects their answers, lets one go.
+    ("lead", "Lead", "Run the v2 research team.", "team-lead"),
 ]
 
 
