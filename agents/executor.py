@@ -19,9 +19,12 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerError
+from redis.exceptions import RedisError
 
 from agents import scripted
 from agents.models import AgentProfile, TranscriptEntry
+from agents.orchestrator.tasks import is_brain_worker, worker_rested
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
 from config.sql import columns, db_value, fetch_one, py_value
@@ -94,6 +97,8 @@ def run_turn(run_id: str) -> None:
     try:
         turns.execute()
         keep_transcript(turns.transcript)
+        if is_brain_worker(turns.collaborator.name):  # its orchestration may be ready to move on
+            ring_orchestrator(turns.saga_id, turns.collaborator.name)
     except LostTurn:
         logger.info("run %s: turn %s is another worker's; stopping", run.pk, turns.turn)
     finally:
@@ -380,6 +385,13 @@ def profile(name: str) -> AgentProfile | None:
 
 
 _PROFILE_SQL = f"SELECT {columns(AgentProfile, 'p')} FROM {AgentProfile._meta.db_table} p WHERE p.name = %s"
+
+
+def ring_orchestrator(saga_id: Any, name: str) -> None:
+    try:
+        worker_rested.delay(str(saga_id), name)
+    except (BrokerError, RedisError, OSError) as exc:  # the periodic resume rings it again
+        logger.warning("could not ring the orchestration of %s: %s", name, exc)
 
 
 def tool_message(call_id: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -58,3 +58,9 @@ class TranscriptEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} #{self.seq} {self.message.get('role')}"
+
+
+# The orchestrator's rows live in their own module; Django finds them through this one.
+from agents.orchestrator.models import Brain, Prompt  # noqa: E402
+
+__all__ = ["AgentProfile", "Brain", "Prompt", "TranscriptEntry", "profile_exists"]
