@@ -205,10 +205,15 @@ def last_text(run: Run) -> str:
 def settle(prompt: Prompt, outcomes: list[Outcome]) -> None:
     """Finish the runs that went idle with their answer, so that no delegate lingers."""
     for outcome in outcomes:
-        if outcome.run.status == Run.Status.IDLE:
-            actions.finish_run(
-                run=outcome.run, status=Run.Status.COMPLETED, result=outcome.output, actor=handle(prompt)
-            )
+        run = outcome.run
+        if run.status == Run.Status.IDLE and actions.finish_run(
+            run=run, status=Run.Status.COMPLETED, result=outcome.output, actor=handle(prompt)
+        ):
+            # The executor journals worker_end only for a run that called finish; this one answered in text.
+            record(
+                saga_id=prompt.saga_id, type="worker_end", actor=run.collaborator.handle, run_id=run.pk,
+                data={"status": Run.Status.COMPLETED, "result": outcome.output, "error": ""},
+            )  # fmt: skip
 
 
 def as_text(output: Any) -> str:
