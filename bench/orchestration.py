@@ -208,9 +208,8 @@ def main() -> None:
         print("\nthe orchestration's own time beside the model time, median (side-by-side runs):")
         for step, values in overheads.items():
             label = "per worker (worker_start → worker_end)" if step == "worker" else f"{step} step"
-            print(
-                f"  {label:<42} {med(values):7.1f} ms  (range {min(values):.1f} to {max(values):.1f}, {len(values)} runs)"
-            )
+            spread = f"range {min(values):.1f} to {max(values):.1f}, {len(values)} runs"
+            print(f"  {label:<42} {med(values):7.1f} ms  ({spread})")
         print(f"  support step per worker{'':<19} {med(overheads['support']) / max(sizes):7.1f} ms at N={max(sizes)}")
     finally:
         fake.stop()
