@@ -40,3 +40,6 @@ class TranscriptEntryAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: TranscriptEntry | None = None) -> bool:
         return False
+
+
+from agents.orchestrator import admin as orchestrator_admin  # noqa: E402, F401  (registers brains and prompts)

@@ -41,7 +41,7 @@ class PromptCreateInput(serializers.Serializer):
 
 class PromptCreatedOutput(serializers.Serializer):
     prompt_id = serializers.UUIDField()
-    status = serializers.ChoiceField(choices=Prompt.Status.choices)
+    status = serializers.CharField(help_text="running")
     lead = serializers.CharField(help_text="The orchestration's lead collaborator, agent:brain-….")
 
 
@@ -50,8 +50,8 @@ class PromptOutput(serializers.Serializer):
     saga = serializers.UUIDField()
     brain = serializers.CharField()
     lead = serializers.CharField()
-    status = serializers.ChoiceField(choices=Prompt.Status.choices)
-    step = serializers.ChoiceField(choices=Prompt.Step.choices)
+    status = serializers.CharField(help_text=" | ".join(Prompt.Status.values))
+    step = serializers.CharField(help_text=" → ".join(Prompt.Step.values))
     prompt = serializers.CharField()
     team = serializers.ListField(child=serializers.CharField())
     plan = serializers.JSONField(allow_null=True, help_text="{primary_role, workers, requires_review, reason, source}")

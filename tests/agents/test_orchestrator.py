@@ -263,3 +263,36 @@ def test_bad_input_is_refused_and_retries_are_idempotent(
     other = client.post(url, {"prompt": "Something else"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
     assert other.status_code == 409 and other.json()["code"] == "idempotency_conflict"
     assert Prompt.objects.count() == 1
+
+
+def test_a_prompt_with_images_routes_only_to_roles_that_can_see_them(saga: Saga, alice: User) -> None:
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+
+    eyes = {"m-vision": ["vision"]}
+    load_profiles(
+        entries=[
+            {"name": "v-router", "role": "Router", "model": "m-text", "tools": ["finish"]},
+            {"name": "v-coder", "role": "Coder", "model": "m-text", "tools": ["finish"]},
+            {"name": "v-tester", "role": "Tester", "model": "m-text", "fallback_models": ["m-vision"],
+             "model_capabilities": eyes, "tools": ["finish"]},
+        ]
+    )  # fmt: skip
+    load_brains(
+        entries=[
+            {"name": "v", "planner_profile": "v-router", "roles": {"coder": "v-coder", "tester": "v-tester"},
+             "signals": {"coder": ["implement"], "tester": ["screenshot"]}, "default_primary": "coder",
+             "review_role": ""}
+        ]
+    )  # fmt: skip
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement what this screenshot shows.", brain="v",
+                              images=["https://example.test/shot.png"])  # fmt: skip
+
+    steps.advance(str(prompt.pk))  # in this process: routing, then (no support worker) the primary starts
+
+    prompt.refresh_from_db()
+    assert prompt.step == "primary" and prompt.plan is not None
+    assert Collaborator.objects.get(saga=saga, name=prompt.worker_name("primary")).profile == "v-tester"
+    assert prompt.plan["source"] == "heuristic" and "every router candidate failed" in prompt.plan["router_error"]
+    assert prompt.plan["primary_role"] == "tester" and prompt.plan["workers"] == []  # the coder cannot see
+    assert "model_skipped" in types(saga)
