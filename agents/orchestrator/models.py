@@ -68,6 +68,11 @@ class Prompt(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     step = models.CharField(max_length=16, choices=Step.choices, default=Step.ROUTING)
     plan = models.JSONField(null=True, blank=True)
+    routing_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Who routes holds this lease: a doorbell meanwhile does not ask the router again.",
+    )
     results = models.JSONField(default=list, blank=True, help_text="Each support worker's WorkerResult.")
     answer = models.TextField(blank=True, help_text="The primary's answer (or the team's, side by side).")
     review = models.JSONField(null=True, blank=True)

@@ -13,8 +13,11 @@ so no second set of delegations is ever created and no finished worker runs agai
 import json
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from agents.models import TranscriptEntry
@@ -46,6 +49,8 @@ def advance(prompt_id: str) -> None:
 
 def route(prompt: Prompt) -> bool:
     brain = prompt.brain
+    if not prompt.is_team and not claim_routing(prompt):
+        return False  # another task is asking the router; a lapsed lease (a killed worker) frees it
     if prompt.is_team:
         plan = plans.forced_plan(prompt.team)
     else:
@@ -159,6 +164,15 @@ def review(prompt: Prompt) -> bool:
         journal(prompt, "review.completed", {"review": verdict})
         conclude(prompt, status, reason=reason)
     return True
+
+
+def claim_routing(prompt: Prompt) -> bool:
+    """A lease on the router call, so that the periodic resume does not ask the router again while
+    a slow router is still answering."""
+    now = timezone.now()
+    free = Q(routing_until__isnull=True) | Q(routing_until__lt=now)
+    lease = now + timedelta(seconds=settings.AGORA_ROUTING_LEASE_S)
+    return bool(Prompt.objects.filter(free, pk=prompt.pk, step=Step.ROUTING).update(routing_until=lease))
 
 
 STEPS: dict[str, Callable[[Prompt], bool]] = {

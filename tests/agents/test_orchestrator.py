@@ -296,3 +296,18 @@ def test_a_prompt_with_images_routes_only_to_roles_that_can_see_them(saga: Saga,
     assert prompt.plan["source"] == "heuristic" and "every router candidate failed" in prompt.plan["router_error"]
     assert prompt.plan["primary_role"] == "tester" and prompt.plan["workers"] == []  # the coder cannot see
     assert "model_skipped" in types(saga)
+
+
+def test_one_routing_at_a_time_until_its_lease_lapses(default_brain: None, saga: Saga, alice: User) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Do it")
+    assert steps.claim_routing(prompt) is True
+    assert steps.claim_routing(prompt) is False  # a second doorbell meanwhile does not call the router
+    Prompt.objects.filter(pk=prompt.pk).update(routing_until=timezone.now() - timedelta(seconds=1))
+    assert steps.claim_routing(prompt) is True  # the first one's worker died: the lease lapsed
