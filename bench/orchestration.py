@@ -150,7 +150,17 @@ def timeline(prompt: Any) -> dict[str, Any]:
         "support_overhead": primary_start - at["plan.created"] - slowest_model,
         "primary_overhead": at["prompt.completed"] - primary_start - by_actor[f"agent:{primary}"].get("model_ms", 0.0),
         "per_worker": [w["worker_end"] - w["worker_start"] - w.get("model_ms", 0.0) for w in support],
+        # The support step's two doorbell hops: the workers' first turns start, the primary starts.
+        "dispatch": min(w["worker_start"] for w in support) - at["plan.created"],
+        "collect": primary_start - max(w["worker_end"] for w in support),
     }
+
+
+LABELS = {
+    "dispatch": "  of which plan.created → first worker_start",
+    "collect": "  of which last worker_end → primary start",
+    "worker": "per worker (worker_start → worker_end)",
+}
 
 
 def med(values: list[float]) -> float:
@@ -184,7 +194,9 @@ def main() -> None:
         print(f"{os.cpu_count()} cores; SQLite (WAL); model latency {args.latency:.2f} s per support worker")
         print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)
         phases: dict[tuple[int, int], list[float]] = {}
-        overheads: dict[str, list[float]] = {"routing": [], "support": [], "primary": [], "worker": []}
+        overheads: dict[str, list[float]] = {
+            "routing": [], "support": [], "dispatch": [], "collect": [], "primary": [], "worker": []
+        }  # fmt: skip
         for n in sizes:
             for concurrency in sorted({1, n}):
                 worker = Worker(concurrency, workdir)
@@ -196,6 +208,8 @@ def main() -> None:
                         if concurrency == n:
                             overheads["routing"].append(t["routing_overhead"])
                             overheads["support"].append(t["support_overhead"])
+                            overheads["dispatch"].append(t["dispatch"])
+                            overheads["collect"].append(t["collect"])
                             overheads["primary"].append(t["primary_overhead"])
                             overheads["worker"] += t["per_worker"]
                 finally:
@@ -207,7 +221,7 @@ def main() -> None:
             print(f"{n:>3} {side:>17.0f} ms {seq:>22.0f} ms {seq / side:>8.2f} {seq / side / n:>6.2f}")
         print("\nthe orchestration's own time beside the model time, median (side-by-side runs):")
         for step, values in overheads.items():
-            label = "per worker (worker_start → worker_end)" if step == "worker" else f"{step} step"
+            label = LABELS.get(step, f"{step} step")
             spread = f"range {min(values):.1f} to {max(values):.1f}, {len(values)} runs"
             print(f"  {label:<42} {med(values):7.1f} ms  ({spread})")
         print(f"  support step per worker{'':<19} {med(overheads['support']) / max(sizes):7.1f} ms at N={max(sizes)}")
