@@ -49,5 +49,6 @@ def test_the_prompt_box_and_the_plan_view_updating_live(
         expect(plan.locator('[data-step="primary"]')).to_contain_text("opaque cursor")
         expect(plan.locator('[data-role="tester"]')).to_contain_text("Twelve cases")
         assert page.evaluate("window.sameDocument") is True  # updated in place, never reloaded
+        page.locator("#prompts").screenshot(path=str(artifacts / "plan-view.png"))  # for a person to look at
     finally:
         worker.kill()
