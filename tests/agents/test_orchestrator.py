@@ -263,6 +263,10 @@ def test_bad_input_is_refused_and_retries_are_idempotent(
     other = client.post(url, {"prompt": "Something else"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
     assert other.status_code == 409 and other.json()["code"] == "idempotency_conflict"
     assert Prompt.objects.count() == 1
+    Saga.objects.filter(pk=saga.pk).update(status=Saga.Status.CANCELLED)
+    ended = client.post(url, {"prompt": "Too late"}, format="json")
+    assert ended.status_code == 409 and ended.json()["code"] == "invalid_state"
+    assert Prompt.objects.count() == 1
 
 
 def test_a_prompt_with_images_routes_only_to_roles_that_can_see_them(saga: Saga, alice: User) -> None:

@@ -50,6 +50,10 @@ def test_the_prompt_box_starts_an_orchestration_and_the_plan_view_shows_it(
         assert "Twelve cases" in html  # the tester's summary
         assert 'data-step="primary" data-status="completed"' in html and "opaque cursor" in html
         assert 'data-decision="approve"' in html
+    # After the saga ends (no action ends one yet: its row is set), the plan view stays; the box goes.
+    Saga.objects.filter(pk=saga.pk).update(status=Saga.Status.COMPLETED)
+    html = client.get(f"/sagas/{saga.pk}/").content.decode()
+    assert f'data-prompt="{prompt.pk}" data-status="completed"' in html and 'id="prompt-form"' not in html
     # The panel says which journal events refresh it.
     assert (
         'data-events="prompt.,plan.,primary.,review.,worker_,run."' in client.get(f"/sagas/{saga.pk}/").content.decode()
