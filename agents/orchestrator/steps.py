@@ -198,7 +198,7 @@ def outcome_of(prompt: Prompt, slot: str) -> Outcome | None:
     that never calls finish) is done: its last text is its output."""
     collaborator = Collaborator.objects.filter(saga=prompt.saga_id, name=prompt.worker_name(slot)).first()
     if collaborator is None:
-        return None  # created by the step that moved here; not visible yet is not possible after commit
+        return None  # the step that moved here created it in the same transaction: not expected
     run = Run.objects.select_related("collaborator").get(collaborator=collaborator)
     if run.status == Run.Status.COMPLETED:
         return Outcome(run, output=run.result)
