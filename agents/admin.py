@@ -43,3 +43,4 @@ class TranscriptEntryAdmin(admin.ModelAdmin):
 
 
 from agents.mcp import admin as mcp_admin  # noqa: E402, F401  (the MCP servers' admin)
+from agents.orchestrator import admin as orchestrator_admin  # noqa: E402, F401  (registers brains and prompts)

@@ -23,6 +23,7 @@ from django.utils import timezone
 from agents import scripted
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
+from agents.orchestrator.tasks import is_brain_worker, worker_rested
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
 from config.sql import columns, db_value, fetch_one, py_value
@@ -95,6 +96,8 @@ def run_turn(run_id: str) -> None:
     try:
         turns.execute()
         keep_transcript(turns.transcript)
+        if is_brain_worker(turns.collaborator.name):  # its orchestration may be ready to move on
+            ring_orchestrator(turns.saga_id, turns.collaborator.name)
     except LostTurn:
         logger.info("run %s: turn %s is another worker's; stopping", run.pk, turns.turn)
     finally:
@@ -416,6 +419,14 @@ def profile(name: str) -> AgentProfile | None:
 
 
 _PROFILE_SQL = f"SELECT {columns(AgentProfile, 'p')} FROM {AgentProfile._meta.db_table} p WHERE p.name = %s"
+
+
+def ring_orchestrator(saga_id: Any, name: str) -> None:
+    """A worker of a prompt rested: its orchestration may be ready for the next step. Advanced here,
+    after this run's last commit, rather than by one more task: one doorbell hop less between the
+    last worker's answer and the primary's first turn. A failure here loses nothing (the periodic
+    resume rings every running prompt)."""
+    worker_rested(str(saga_id), name)
 
 
 def tool_message(call_id: str, result: dict[str, Any]) -> dict[str, Any]:

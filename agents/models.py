@@ -69,4 +69,8 @@ class TranscriptEntry(models.Model):
         return f"{self.run_id} #{self.seq} {self.message.get('role')}"
 
 
-from agents.mcp.models import McpServer  # noqa: E402, F401  (registered with the agents app)
+# The MCP servers' and the orchestrator's rows live in their own modules; Django finds them here.
+from agents.mcp.models import McpServer  # noqa: E402
+from agents.orchestrator.models import Brain, Prompt  # noqa: E402
+
+__all__ = ["AgentProfile", "Brain", "McpServer", "Prompt", "TranscriptEntry", "profile_exists", "tokens_used"]
