@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "guardian",
+    "django_ratelimit",  # its checks: the cache it counts in must be shared
     "channels",
     "accounts",
     "journal",
@@ -64,6 +65,7 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
+    "config.middleware.RefuseUnstorableInput",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -150,6 +152,24 @@ def channel_layers_for(redis_url: str) -> dict[str, Any]:
 
 CHANNEL_LAYERS = channel_layers_for(REDIS_URL)
 
+
+def caches_for(redis_url: str) -> dict[str, Any]:
+    """The default cache in Redis, so that what web processes count (sign-in attempts, agents'
+    request quotas) is counted once for all of them."""
+    return {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_url,
+                        "KEY_PREFIX": "agora"}}  # fmt: skip
+
+
+CACHES = caches_for(REDIS_URL)
+
+# Brute force and quotas (accounts/throttles.py). Rates are "<count>/<period>", periods s, m, h, d
+# with an optional multiple ("10/15m"). The client address is the peer's unless that many
+# reverse proxies in front of the web processes append to X-Forwarded-For.
+AGORA_TRUSTED_PROXIES = int(os.environ.get("AGORA_TRUSTED_PROXIES", "0"))
+AGORA_SIGNIN_RATE_PER_ADDRESS = os.environ.get("AGORA_SIGNIN_RATE_PER_ADDRESS", "30/m")
+AGORA_SIGNIN_RATE_PER_ACCOUNT = os.environ.get("AGORA_SIGNIN_RATE_PER_ACCOUNT", "10/m")
+AGORA_AGENT_RATE = os.environ.get("AGORA_AGENT_RATE", "50/s")
+
 # Celery. The database is the source of truth and Redis only rings doorbells, so these settings
 # favour "run again" over "lose": every task is written to be safe when delivered twice.
 CELERY_BROKER_URL = REDIS_URL
@@ -183,6 +203,9 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["accounts.throttles.AgentQuota"],
+    "NUM_PROXIES": AGORA_TRUSTED_PROXIES,  # DRF's own address throttles, should any view use one
+    "DEFAULT_PARSER_CLASSES": ["config.parsers.LimitedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "config.problems.problem_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -197,6 +220,8 @@ SPECTACULAR_SETTINGS = {
 # Limits (DESIGN.md §3.9).
 AGORA_MAX_PAYLOAD_BYTES = int(os.environ.get("AGORA_MAX_PAYLOAD_BYTES", str(256 * 1024)))
 DATA_UPLOAD_MAX_MEMORY_SIZE = AGORA_MAX_PAYLOAD_BYTES + 64 * 1024
+# How deep any JSON input (request bodies, WebSocket messages, a model's tool arguments) may nest.
+AGORA_MAX_JSON_DEPTH = int(os.environ.get("AGORA_MAX_JSON_DEPTH", "64"))
 
 LOGGING = {
     "version": 1,

@@ -5,6 +5,7 @@ from django.urls import URLPattern, URLResolver, include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from accounts.api import TokenCreateApi
+from accounts.views import ThrottledLoginView
 from config.health import healthz
 from sagas.api.urls import fallback as api_fallback
 
@@ -20,6 +21,7 @@ api_v1: list[URLPattern | URLResolver] = [
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    path("accounts/login/", ThrottledLoginView.as_view(), name="login"),  # before Django's own login
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include(api_v1)),
     # daphne serves no files and there is no proxy in front of `make run`: the app serves its own

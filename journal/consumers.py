@@ -6,6 +6,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from accounts.authentication import authenticate_key, token_from_scope
 from config.params import InvalidParameter, integer_param
+from config.payloads import Unstorable, loads
 from journal.access import EventFilter, reader_filter, viewable_saga
 from journal.actions import group_name
 from journal.models import JournalEvent
@@ -61,8 +62,17 @@ class JournalConsumer(AsyncJsonWebsocketConsumer):
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        pass  # the journal is read-only; clients only listen
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        """The journal is read-only and clients only listen; whatever they send is checked as any
+        input is (config/payloads.py), answered with an error frame when it is not acceptable, and
+        otherwise ignored. Never an exception: that would drop the socket with a server error."""
+        if text_data is None:
+            await self.send_json({"type": "error", "code": "invalid_payload", "detail": "Send JSON text frames."})
+            return
+        try:
+            loads(text_data, where="message")
+        except Unstorable as exc:
+            await self.send_json({"type": "error", "code": "invalid_payload", "detail": str(exc)})
 
     async def journal_events(self, message: dict[str, Any]) -> None:
         """Events of this saga, in seq order (several when they were committed close together)."""

@@ -15,7 +15,7 @@ from redis import Redis
 
 from accounts.models import User
 from config.celery import app as celery_app
-from config.settings import channel_layers_for
+from config.settings import caches_for, channel_layers_for
 from tests.support import CeleryWorker, RedisServer, WebServer
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -46,7 +46,7 @@ def database_numbers(databases: int) -> list[int]:
 
 @pytest.fixture(autouse=True)
 def redis_url(redis_server: tuple[str, int], settings: LazySettings) -> Iterator[str]:
-    """Each test gets its own, empty Redis database, used by Celery, Channels and the wake-ups."""
+    """Each test gets its own, empty Redis database, used by Celery, Channels, the wake-ups and the cache."""
     base, databases = redis_server
     mine = database_numbers(databases)
     url = f"{base}/{mine[next(_db_numbers) % len(mine)]}"
@@ -54,6 +54,7 @@ def redis_url(redis_server: tuple[str, int], settings: LazySettings) -> Iterator
         client.flushdb()
     settings.REDIS_URL = url
     settings.CHANNEL_LAYERS = channel_layers_for(url)
+    settings.CACHES = caches_for(url)  # throttle counters: per test, like everything else in Redis
     channel_layers.backends.clear()
     use_broker(url)
     yield url
