@@ -62,6 +62,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # static files, right after the HTTPS redirect
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -132,7 +133,27 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
-STATICFILES_DIRS = [BASE_DIR / "static"]  # the dashboard's CSS and script (config/urls.py serves them)
+STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise also serves what `collectstatic` puts here
+STATICFILES_DIRS = [BASE_DIR / "static"]  # the dashboard's CSS and script
+# WhiteNoise serves the static files (daphne serves none): straight from the finders, so that no
+# `collectstatic` step is needed; they are indexed once when a web process starts.
+WHITENOISE_USE_FINDERS = True
+
+# A deployment behind TLS (a proxy that terminates HTTPS and sets X-Forwarded-Proto): one switch
+# turns on everything `manage.py check --deploy` asks for. Off by default, since `make run`
+# serves plain HTTP on loopback.
+BEHIND_TLS = env_bool("AGORA_BEHIND_TLS", False)
+if BEHIND_TLS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # probes from inside the network speak plain HTTP
+    SECURE_HSTS_SECONDS = int(os.environ.get("AGORA_HSTS_SECONDS", str(365 * 24 * 3600)))
+    # What check --deploy asks for; a domain whose subdomains are not all HTTPS turns these off
+    # (check --deploy then warns security.W005 / W021).
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("AGORA_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("AGORA_HSTS_PRELOAD", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
 
 # Redis: the embedded server started by `make run` unless REDIS_URL points elsewhere.
 EMBEDDED_REDIS_PORT = int(os.environ.get("AGORA_REDIS_PORT", "6390"))
@@ -161,6 +182,9 @@ def caches_for(redis_url: str) -> dict[str, Any]:
 
 
 CACHES = caches_for(REDIS_URL)
+# django-ratelimit's check knows django-redis, not Django's own RedisCache; what it counts with
+# (add as SET NX, incr as INCRBY) is atomic there too.
+SILENCED_SYSTEM_CHECKS = ["django_ratelimit.W001"]
 
 # Brute force and quotas (accounts/throttles.py). Rates are "<count>/<period>", periods s, m, h, d
 # with an optional multiple ("10/15m"). The client address is the peer's unless that many
