@@ -28,6 +28,7 @@ from sagas.actions.runs import (
     take_turn,
 )
 from sagas.actions.steering import consume_steering, steer
+from sagas.actions.tokens import revoke_agent_token, rotate_agent_token
 
 __all__ = [
     "add_agent",
@@ -53,6 +54,8 @@ __all__ = [
     "reclaim_lapsed_turn",
     "renew_lease",
     "reply_to_request",
+    "revoke_agent_token",
+    "rotate_agent_token",
     "saga_transaction",
     "set_external_status",
     "steer",
