@@ -7,10 +7,10 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import permissions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
 from accounts.actions import issue_token
+from accounts.throttles import SignInThrottle
 from config.parsers import LimitedJSONParser
 from config.problems import problem
 
@@ -24,19 +24,12 @@ class TokenOutput(serializers.Serializer):
     token = serializers.CharField(help_text="Send it as `Authorization: Token <token>`; it is shown this once.")
 
 
-class PasswordGuessThrottle(AnonRateThrottle):
-    """Slows password guessing, per client address (counted in the default cache)."""
-
-    scope = "auth_token"
-    rate = "30/min"
-
-
 class TokenCreateApi(APIView):
     """`POST /api/v1/auth/token/`: a person's username and password for a new API token."""
 
     authentication_classes: list[Any] = []  # credentials are the body; no session, so no CSRF either
     permission_classes = [permissions.AllowAny]
-    throttle_classes = [PasswordGuessThrottle]
+    throttle_classes = [SignInThrottle]  # per client address and per account, shared by every process
     parser_classes = [LimitedJSONParser]
 
     @extend_schema(

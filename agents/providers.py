@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import openai
 
 from agents import scripted
+from config.payloads import storable_text
 
 
 class ProviderError(Exception):
@@ -25,6 +26,15 @@ class Completion:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # [{"id", "name", "arguments": str}]
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        # What a model writes is kept in its transcript: text no database can store is replaced
+        # here, where it enters. Escaped NULs or surrogates inside tool arguments parse to such text
+        # and are refused by the tool (agents/tools.py).
+        self.content = storable_text(self.content or "")
+        self.tool_calls = [
+            {k: storable_text(v) if isinstance(v, str) else v for k, v in c.items()} for c in self.tool_calls
+        ]
 
     def as_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content}

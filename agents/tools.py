@@ -5,11 +5,11 @@ idempotency key (run, tool call id): after a crash a call either happened with i
 or not at all.
 """
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from config.payloads import MalformedJson, Unstorable, loads
 from sagas import actions, errors
 from sagas.access import collaborator_card, visible_collaborators
 from sagas.models import AgentRequest, Collaborator, Run
@@ -217,9 +217,11 @@ def execute(call: Call, name: str, arguments: str, allowed: list[str]) -> Outcom
         return tool_error("unknown_tool", f"No tool {name!r} is available to you.")
     handler, _, properties, required = TOOLS[name]
     try:
-        args = json.loads(arguments or "{}")
-    except json.JSONDecodeError as exc:
-        return tool_error("invalid_arguments", f"Arguments are not valid JSON: {exc}.")
+        args = loads(arguments or "{}", where="arguments")
+    except MalformedJson as exc:
+        return tool_error("invalid_arguments", str(exc))
+    except Unstorable as exc:  # too deep, or text no database stores: the model hears why, the run goes on
+        return tool_error("invalid_payload", str(exc))
     if not isinstance(args, dict):
         return tool_error("invalid_arguments", "Arguments must be a JSON object.")
     if missing := [k for k in required if k not in args]:

@@ -3,15 +3,20 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
+
+from config.payloads import Unstorable, check_storable
 
 
 class LimitedJSONParser(JSONParser):
-    """DRF's JSON parser with Django's body size limit applied to the bytes actually read.
+    """DRF's JSON parser with Django's body size limit applied to the bytes actually read, and the
+    body checked for what cannot be stored (config/payloads.py).
 
     Django refuses a declared Content-Length over DATA_UPLOAD_MAX_MEMORY_SIZE when the body is
     read; this holds the limit whatever the stream turns out to contain. Either way the problem
-    handler answers 413 `payload_too_large` before anything is parsed or stored.
+    handler answers 413 `payload_too_large` before anything is parsed or stored. A body nested too
+    deep or holding unstorable text answers 400 `invalid_payload` (a ParseError).
     """
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
@@ -21,4 +26,12 @@ class LimitedJSONParser(JSONParser):
             if len(raw) > limit:
                 raise RequestDataTooBig(f"Limit is {limit} bytes for a request body.")
             stream = io.BytesIO(raw)
-        return super().parse(stream, media_type, parser_context)
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("The body nests too deep.") from None
+        try:
+            check_storable(data, where="body")
+        except Unstorable as exc:
+            raise ParseError(str(exc)) from None
+        return data

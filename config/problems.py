@@ -4,7 +4,8 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions
 from rest_framework.response import Response
 
@@ -64,3 +65,12 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     if wait := getattr(exc, "wait", None):
         response["Retry-After"] = str(int(wait))
     return response
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """Django's handler500: a problem for API clients, the plain page for browsers; no details."""
+    if request.path_info.startswith("/api/"):
+        body = {"type": "about:blank", "title": "Server error", "status": 500, "code": "server_error",
+                "detail": "Something went wrong on our side; it has been logged."}  # fmt: skip
+        return JsonResponse(body, status=500, content_type="application/problem+json")
+    return defaults.server_error(request)

@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "guardian",
+    "django_ratelimit",  # its checks: the cache it counts in must be shared
     "channels",
     "accounts",
     "journal",
@@ -62,9 +63,11 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # static files, right after the HTTPS redirect
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
+    "config.middleware.RefuseUnstorableInput",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -131,7 +134,27 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
-STATICFILES_DIRS = [BASE_DIR / "static"]  # the dashboard's CSS and script (config/urls.py serves them)
+STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise also serves what `collectstatic` puts here
+STATICFILES_DIRS = [BASE_DIR / "static"]  # the dashboard's CSS and script
+# WhiteNoise serves the static files (daphne serves none): straight from the finders, so that no
+# `collectstatic` step is needed; they are indexed once when a web process starts.
+WHITENOISE_USE_FINDERS = True
+
+# A deployment behind TLS (a proxy that terminates HTTPS and sets X-Forwarded-Proto): one switch
+# turns on everything `manage.py check --deploy` asks for. Off by default, since `make run`
+# serves plain HTTP on loopback.
+BEHIND_TLS = env_bool("AGORA_BEHIND_TLS", False)
+if BEHIND_TLS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # probes from inside the network speak plain HTTP
+    SECURE_HSTS_SECONDS = int(os.environ.get("AGORA_HSTS_SECONDS", str(365 * 24 * 3600)))
+    # What check --deploy asks for; a domain whose subdomains are not all HTTPS turns these off
+    # (check --deploy then warns security.W005 / W021).
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("AGORA_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("AGORA_HSTS_PRELOAD", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
 
 # Redis: the embedded server started by `make run` unless REDIS_URL points elsewhere.
 EMBEDDED_REDIS_PORT = int(os.environ.get("AGORA_REDIS_PORT", "6390"))
@@ -150,6 +173,27 @@ def channel_layers_for(redis_url: str) -> dict[str, Any]:
 
 
 CHANNEL_LAYERS = channel_layers_for(REDIS_URL)
+
+
+def caches_for(redis_url: str) -> dict[str, Any]:
+    """The default cache in Redis, so that what web processes count (sign-in attempts, agents'
+    request quotas) is counted once for all of them."""
+    return {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_url,
+                        "KEY_PREFIX": "agora"}}  # fmt: skip
+
+
+CACHES = caches_for(REDIS_URL)
+# django-ratelimit's check knows django-redis, not Django's own RedisCache; what it counts with
+# (add as SET NX, incr as INCRBY) is atomic there too.
+SILENCED_SYSTEM_CHECKS = ["django_ratelimit.W001"]
+
+# Brute force and quotas (accounts/throttles.py). Rates are "<count>/<period>", periods s, m, h, d
+# with an optional multiple ("10/15m"). The client address is the peer's unless that many
+# reverse proxies in front of the web processes append to X-Forwarded-For.
+AGORA_TRUSTED_PROXIES = int(os.environ.get("AGORA_TRUSTED_PROXIES", "0"))
+AGORA_SIGNIN_RATE_PER_ADDRESS = os.environ.get("AGORA_SIGNIN_RATE_PER_ADDRESS", "30/m")
+AGORA_SIGNIN_RATE_PER_ACCOUNT = os.environ.get("AGORA_SIGNIN_RATE_PER_ACCOUNT", "10/m")
+AGORA_AGENT_RATE = os.environ.get("AGORA_AGENT_RATE", "50/s")
 
 # Celery. The database is the source of truth and Redis only rings doorbells, so these settings
 # favour "run again" over "lose": every task is written to be safe when delivered twice.
@@ -185,6 +229,9 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["accounts.throttles.AgentQuota"],
+    "NUM_PROXIES": AGORA_TRUSTED_PROXIES,  # DRF's own address throttles, should any view use one
+    "DEFAULT_PARSER_CLASSES": ["config.parsers.LimitedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "config.problems.problem_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -199,6 +246,8 @@ SPECTACULAR_SETTINGS = {
 # Limits (DESIGN.md §3.9).
 AGORA_MAX_PAYLOAD_BYTES = int(os.environ.get("AGORA_MAX_PAYLOAD_BYTES", str(256 * 1024)))
 DATA_UPLOAD_MAX_MEMORY_SIZE = AGORA_MAX_PAYLOAD_BYTES + 64 * 1024
+# How deep any JSON input (request bodies, WebSocket messages, a model's tool arguments) may nest.
+AGORA_MAX_JSON_DEPTH = int(os.environ.get("AGORA_MAX_JSON_DEPTH", "64"))
 
 LOGGING = {
     "version": 1,

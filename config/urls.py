@@ -1,10 +1,9 @@
-from django.conf import settings
 from django.contrib import admin
-from django.contrib.staticfiles.views import serve as serve_static
-from django.urls import URLPattern, URLResolver, include, path, re_path
+from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from accounts.api import TokenCreateApi
+from accounts.views import ThrottledLoginView
 from agents.orchestrator.urls import api_urls as orchestrator_api
 from agents.orchestrator.urls import page_urls as orchestrator_pages
 from config.health import healthz
@@ -23,11 +22,13 @@ api_v1: list[URLPattern | URLResolver] = [
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    path("accounts/login/", ThrottledLoginView.as_view(), name="login"),  # before Django's own login
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include(api_v1)),
-    # daphne serves no files and there is no proxy in front of `make run`: the app serves its own
-    # few static files (dashboard and admin) from the finders, in DEBUG and in tests alike.
-    re_path(rf"^{settings.STATIC_URL.strip('/')}/(?P<path>.+)$", serve_static, {"insecure": True}),
     *orchestrator_pages,
     path("", include("sagas.urls")),
 ]
+
+# With DEBUG off (production, and the tests) a crash answers templates/500.html, or problem+json
+# under /api/: never a traceback.
+handler500 = "config.problems.server_error"

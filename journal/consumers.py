@@ -4,8 +4,11 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from accounts.actions import token_group
 from accounts.authentication import authenticate_key, token_from_scope
+from accounts.models import ApiToken
 from config.params import InvalidParameter, integer_param
+from config.payloads import Unstorable, loads
 from journal.access import EventFilter, reader_filter, viewable_saga
 from journal.actions import group_name
 from journal.models import JournalEvent
@@ -26,6 +29,8 @@ class JournalConsumer(AsyncJsonWebsocketConsumer):
     group = ""
     saga_id: object = None
     lens: EventFilter | None = None
+    token_id: int | None = None  # the token the socket authenticated with, if it did with one
+    revoked = False
 
     async def connect(self) -> None:
         saga_id = self.scope["url_route"]["kwargs"]["saga_id"]
@@ -39,6 +44,8 @@ class JournalConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4404)  # before accept: the handshake is refused
             return
         self.group = group_name(saga_id)
+        if self.token_id is not None:  # told to close when its token is revoked (accounts.actions)
+            await self.channel_layer.group_add(token_group(self.token_id), self.channel_name)
         await self.channel_layer.group_add(self.group, self.channel_name)  # first listen, then replay
         await self.accept()
         await self.catch_up()
@@ -49,6 +56,7 @@ class JournalConsumer(AsyncJsonWebsocketConsumer):
             key = token_from_scope(self.scope)
             token = authenticate_key(key) if key else None
             user = token.user if token else None
+            self.token_id = token.pk if token else None
         if user is None:
             return False
         saga = viewable_saga(user, saga_id)
@@ -60,12 +68,39 @@ class JournalConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.token_id is not None:
+            await self.channel_layer.group_discard(token_group(self.token_id), self.channel_name)
 
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        pass  # the journal is read-only; clients only listen
+    async def token_revoked(self, message: dict[str, Any] | None = None) -> None:
+        if not self.revoked:
+            self.revoked = True
+            await self.close(code=4401)
+
+    def token_holds(self) -> bool:
+        return self.token_id is None or ApiToken.objects.filter(pk=self.token_id).exists()
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        """The journal is read-only and clients only listen; whatever they send is checked as any
+        input is (config/payloads.py), answered with an error frame when it is not acceptable, and
+        otherwise ignored. Never an exception: that would drop the socket with a server error."""
+        if text_data is None:
+            await self.send_json({"type": "error", "code": "invalid_payload", "detail": "Send JSON text frames."})
+            return
+        try:
+            loads(text_data, where="message")
+        except Unstorable as exc:
+            await self.send_json({"type": "error", "code": "invalid_payload", "detail": str(exc)})
 
     async def journal_events(self, message: dict[str, Any]) -> None:
-        """Events of this saga, in seq order (several when they were committed close together)."""
+        """Events of this saga, in seq order (several when they were committed close together).
+
+        A token-authenticated socket checks its token first: a revocation whose announcement was
+        lost still closes it at the next event."""
+        if self.revoked:
+            return
+        if self.token_id is not None and not await database_sync_to_async(self.token_holds)():
+            await self.token_revoked()
+            return
         events = [event for event in message["events"] if event["seq"] > self.last_seq]  # else sent by the replay
         if not events:
             return

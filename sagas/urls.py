@@ -16,4 +16,5 @@ urlpatterns = [
     path("sagas/<uuid:saga_id>/steer/", views.steer_agent, name="steer"),
     path("sagas/<uuid:saga_id>/agents/", views.add_agent, name="add-agent"),
     path("sagas/<uuid:saga_id>/people/", views.add_person, name="add-person"),
+    path("sagas/<uuid:saga_id>/agent-token/", views.agent_token, name="agent-token"),
 ]

@@ -145,7 +145,7 @@ def render_saga(
 
 def team_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
     team = dashboard.team(saga, request.user)
-    return {"team": team, "roster": team.roster()}
+    return {"team": team, "roster": team.roster(), "saga": saga, "can_manage": may_manage(request.user, saga)}
 
 
 def requests_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
@@ -322,6 +322,32 @@ def add_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     response = render_saga(request, saga, forms={"token": {"handle": collaborator.handle, "token": token}}, status=201)
     add_never_cache_headers(response)
     return response
+
+
+@login_required
+@require_POST
+def agent_token(request: HttpRequest, saga_id: UUID) -> HttpResponse:
+    """A manager rotates an external agent's token (the new one shown once) or revokes it."""
+    saga = visible_saga(request, saga_id)
+    if not may_manage(request.user, saga):
+        raise PermissionDenied("Only managers of the saga change agents' tokens.")
+    handle, action = request.POST.get("agent", ""), request.POST.get("action", "")
+    assert isinstance(request.user, User)
+    try:
+        if action == "rotate":
+            agent, key = actions.rotate_agent_token(saga=saga, handle=handle, by=request.user)
+            response = render_saga(
+                request, saga, forms={"token": {"handle": agent.handle, "token": key, "rotated": True}}
+            )
+            response["Cache-Control"] = "no-store"
+            return response
+        if action == "revoke":
+            agent = actions.revoke_agent_token(saga=saga, handle=handle, by=request.user)
+            messages.success(request, f"{agent.handle}'s token is revoked: its calls and connections are refused.")
+            return redirect(saga_url(saga, "team"))
+    except errors.NotFound as exc:
+        raise Http404(exc.detail) from exc
+    return HttpResponse("invalid_payload: action is rotate or revoke.", status=400, content_type="text/plain")
 
 
 @login_required

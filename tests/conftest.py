@@ -11,14 +11,33 @@ import kombu.pools
 import pytest
 from channels.layers import channel_layers
 from django.conf import LazySettings
+from django.db import connection
 from redis import Redis
 
 from accounts.models import User
 from config.celery import app as celery_app
-from config.settings import channel_layers_for
+from config.settings import caches_for, channel_layers_for
 from tests.support import CeleryWorker, RedisServer, WebServer
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+TRUNCATE_EXEMPTION = "agora.allow_journal_truncate"
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
+    """On PostgreSQL the journal refuses TRUNCATE (journal/migrations/0004_refuse_truncate.py), and
+    Django empties a test database between transactional tests with TRUNCATE: the test database,
+    and it alone, carries the documented exemption as a default of every session (ALTER DATABASE),
+    and this connection sets it at once. Tests of the refusal turn it off for their transaction."""
+    with django_db_blocker.unblock():
+        if connection.vendor != "postgresql":
+            return
+        with connection.cursor() as cursor:
+            name = connection.ops.quote_name(connection.settings_dict["NAME"])
+            cursor.execute(f"ALTER DATABASE {name} SET {TRUNCATE_EXEMPTION} = 'on'")
+            cursor.execute(f"SET {TRUNCATE_EXEMPTION} = 'on'")
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +65,7 @@ def database_numbers(databases: int) -> list[int]:
 
 @pytest.fixture(autouse=True)
 def redis_url(redis_server: tuple[str, int], settings: LazySettings) -> Iterator[str]:
-    """Each test gets its own, empty Redis database, used by Celery, Channels and the wake-ups."""
+    """Each test gets its own, empty Redis database, used by Celery, Channels, the wake-ups and the cache."""
     base, databases = redis_server
     mine = database_numbers(databases)
     url = f"{base}/{mine[next(_db_numbers) % len(mine)]}"
@@ -54,6 +73,7 @@ def redis_url(redis_server: tuple[str, int], settings: LazySettings) -> Iterator
         client.flushdb()
     settings.REDIS_URL = url
     settings.CHANNEL_LAYERS = channel_layers_for(url)
+    settings.CACHES = caches_for(url)  # throttle counters: per test, like everything else in Redis
     channel_layers.backends.clear()
     use_broker(url)
     yield url

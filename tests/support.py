@@ -204,10 +204,11 @@ class CeleryWorker:
 class WebServer:
     """The real ASGI app under daphne, for HTTP long-polls and WebSockets across processes."""
 
-    def __init__(self, redis_url: str, logdir: Path) -> None:
+    def __init__(self, redis_url: str, logdir: Path, *, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.redis_url = redis_url
+        self.env = env or {}
         self.log_path = logdir / f"web-{self.port}.log"
         self.start()
 
@@ -216,7 +217,7 @@ class WebServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
             cwd=BASE_DIR,
-            env=child_env(self.redis_url),
+            env=child_env(self.redis_url, **self.env),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -42,6 +42,7 @@ from sagas.actions.teams import (
     team_of,
     visible_team,
 )
+from sagas.actions.tokens import revoke_agent_token, rotate_agent_token
 
 __all__ = [
     "add_agent",
@@ -72,7 +73,9 @@ __all__ = [
     "reclaim_lapsed_turn",
     "renew_lease",
     "reply_to_request",
+    "revoke_agent_token",
     "roster",
+    "rotate_agent_token",
     "saga_transaction",
     "set_external_status",
     "shut_down_idle",

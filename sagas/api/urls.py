@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from sagas.api import schema, teams, views  # noqa: F401  (schema: its OpenAPI extensions register themselves)
+from sagas.api import schema, teams, tokens, views  # noqa: F401  (schema: its OpenAPI extensions register themselves)
 from sagas.api.waiting import waiting_view
 
 urlpatterns = [
@@ -11,6 +11,11 @@ urlpatterns = [
         "sagas/<uuid:saga_id>/collaborators/<str:cid>/steer/",
         views.CollaboratorSteerApi.as_view(),
         name="api-collaborator-steer",
+    ),
+    path(
+        "sagas/<uuid:saga_id>/collaborators/<str:cid>/token/",
+        tokens.CollaboratorTokenApi.as_view(),
+        name="api-collaborator-token",
     ),
     path("sagas/<uuid:saga_id>/requests/", waiting_view(views.AgentRequestCreateApi), name="api-requests"),
     path("sagas/<uuid:saga_id>/human-requests/", views.HumanRequestCreateApi.as_view(), name="api-human-requests"),

@@ -12,7 +12,7 @@ Redis subscription.
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.models import ApiToken
 from sagas.waits import WaitSlot
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,26 @@ async def wait_until_done(wait: Wait) -> Done:
             await bell.ring_or_timeout(max(0.01, min(RECHECK_S, outcome)))
 
 
+REVOKED = Done(
+    401,
+    {"type": "about:blank", "title": "Authentication failed", "status": 401, "code": "authentication_failed",
+     "detail": "The token was revoked while the call waited."},
+)  # fmt: skip
+
+
+def while_token_holds(wait: Wait, token: object) -> Wait:
+    """The wait, ended with 401 once the token the caller authenticated with is revoked: each
+    re-check (every RECHECK_S at most) looks for the token first."""
+    if not isinstance(token, ApiToken):
+        return wait  # a session: signing out ends the session, not this call
+    token_id, check = token.pk, wait.check
+
+    def holds() -> Done | float:
+        return check() if ApiToken.objects.filter(pk=token_id).exists() else REVOKED
+
+    return replace(wait, check=holds)
+
+
 def waiting_view(api: type[APIView]) -> Callable[..., Coroutine[Any, Any, HttpResponseBase]]:
     """An async Django view running `api` (a DRF view) and then, if it asks to, its wait."""
     sync_view = api.as_view()
@@ -147,11 +168,13 @@ def waiting_view(api: type[APIView]) -> Callable[..., Coroutine[Any, Any, HttpRe
         if isinstance(response, WaitingResponse):
             # Not rendered yet: Django renders the response after the view returns.
             try:
-                done = await wait_until_done(response.wait)
+                done = await wait_until_done(while_token_holds(response.wait, getattr(request, "auth", None)))
             finally:  # also when the client hangs up and the server cancels the view
                 if response.wait.slot is not None:
                     await sync_to_async(response.wait.slot.release)()
             response.status_code, response.data = done.status, done.data
+            if done.status == 401:
+                response.content_type = "application/problem+json"
         return response
 
     # What DRF's as_view() would have set: drf-spectacular finds the API view through `cls`, and

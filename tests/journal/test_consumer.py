@@ -203,3 +203,19 @@ async def test_a_foreign_origin_is_refused(saga: Saga, alice: User) -> None:
 async def test_a_bad_cursor_is_refused(saga: Saga, as_alice: Headers) -> None:
     assert await refusal(saga.pk, as_alice, after="abc") == (False, 4400)
     assert await refusal(saga.pk, as_alice, after="%C2%B2") == (False, 4400)  # "²": a digit, not ASCII
+
+
+async def test_messages_a_client_sends_are_checked_and_never_drop_the_socket(
+    saga_with_notes: Saga, last_seq: int, as_alice: Headers
+) -> None:
+    saga = saga_with_notes
+    async with journal_socket(saga.pk, as_alice, after=last_seq) as socket:
+        for text in ["[" * 5000 + "]" * 5000, '{"x": "\\ud800"}', '"\\u0000"', "not json"]:
+            await socket.send_to(text_data=text)
+            reply = await socket.receive_json_from(timeout=TIMEOUT)
+            assert reply["type"] == "error" and reply["code"] == "invalid_payload", reply
+        await socket.send_to(bytes_data=b"\x00\x01")
+        assert (await socket.receive_json_from(timeout=TIMEOUT))["code"] == "invalid_payload"
+        await socket.send_to(text_data='{"hello": "ignored"}')  # acceptable, and ignored: the journal is read-only
+        await record_async(saga_id=saga.pk, type="live")
+        assert await next_seqs(socket, 1) == [last_seq + 1]  # still streaming

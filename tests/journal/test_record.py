@@ -209,3 +209,15 @@ def test_events_of_commits_within_the_linger_leave_together(
 
     message = async_to_sync(receive_within)(layer, channel, 10.0)
     assert [(e["seq"], e["data"]["i"]) for e in message["events"]] == [(base_seq + 1 + i, i) for i in range(3)]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # committed rows: a TRUNCATE behind pending FK checks fails otherwise
+def test_the_database_refuses_truncate_without_the_exemption(saga: Saga, base_seq: int) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the append-only triggers exist on PostgreSQL only")
+    record(saga_id=saga.pk, type="note")
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL agora.allow_journal_truncate = 'off'")  # as any session but the tests'
+        cursor.execute("TRUNCATE journal_journalevent CASCADE")
+    assert JournalEvent.objects.for_saga(saga.pk).count() == base_seq + 1
