@@ -172,7 +172,9 @@ CELERY_TASK_IGNORE_RESULT = True
 # that hit a database error closes it (agents.executor.run_turn).
 CELERY_DB_REUSE_MAX = 1000
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-RECONCILE_INTERVAL_S = float(os.environ.get("AGORA_RECONCILE_INTERVAL_S", "5"))
+# The reconciler reclaims a dead worker's turns once their lease has lapsed: a dead host's runs
+# move on within AGORA_LEASE_S + this interval (README, "Failover").
+RECONCILE_INTERVAL_S = float(os.environ.get("AGORA_RECONCILE_INTERVAL_S", "2"))
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "sagas.tasks.reconcile", "schedule": RECONCILE_INTERVAL_S},
 }
@@ -217,7 +219,9 @@ AGORA_MAX_STEERING_BACKLOG = int(os.environ.get("AGORA_MAX_STEERING_BACKLOG", "1
 AGORA_DEFAULT_WAIT_S = float(os.environ.get("AGORA_DEFAULT_WAIT_S", "60"))
 AGORA_MAX_WAIT_S = float(os.environ.get("AGORA_MAX_WAIT_S", "300"))
 AGORA_REQUEST_TTL_S = float(os.environ.get("AGORA_REQUEST_TTL_S", str(24 * 3600)))
-AGORA_LEASE_S = float(os.environ.get("AGORA_LEASE_S", "60"))
+# Short, because a live worker never lets it lapse: its heartbeat renews the lease of every turn in
+# flight every third of it (agents/executor.py), through model calls and tools of any length.
+AGORA_LEASE_S = float(os.environ.get("AGORA_LEASE_S", "6"))
 AGORA_STEERING_POLL_MAX_S = float(os.environ.get("AGORA_STEERING_POLL_MAX_S", "60"))
 # A run with more to do keeps its worker for its next turns until this much time has passed
 # since the task started, then queues behind the others.

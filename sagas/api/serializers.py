@@ -227,6 +227,9 @@ class RunStatusInput(Shape):
 class RunStatusOutput(Shape):
     run_id = serializers.CharField(source="pk")
     status = one_of(Run.Status.choices)
+    worker = serializers.CharField(
+        help_text="Node name of the Celery worker that took the run's latest turn; empty for external agents."
+    )
 
 
 # --- forms for people (ask_human) ----------------------------------------------------------------

@@ -30,7 +30,7 @@ from sagas import actions, errors
 from sagas.access import collaborator_card, collaborator_for, may_manage, visible_collaborators
 from sagas.api import serializers as s
 from sagas.api.waiting import Done, Wait, WaitingResponse
-from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga, SteeringItem
+from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga, SteeringItem
 from sagas.wakeups import request_channel, steering_channel
 
 STEERING_PAGE = 200  # items per steering response; the client pages on with `after`
@@ -371,6 +371,16 @@ class SteeringFeedApi(ApiView):
 
 
 class RunStatusApi(ApiView):
+    @extend_schema(operation_id="runs_status_read", responses={200: s.RunStatusOutput, **problems(401, 404)})
+    def get(self, request: Request, run_id: str) -> Response:
+        """A run's state and the worker that took its latest turn: for the agent itself and the
+        saga's managers (to anyone else it does not exist)."""
+        user = principal(request)
+        run = Run.objects.select_related("collaborator__saga").filter(pk=run_id).first()
+        if run is None or not (run.collaborator.user_id == user.pk or may_manage(user, run.collaborator.saga)):
+            raise errors.NotFound(f"No run {run_id}.")
+        return Response(s.RunStatusOutput(run).data)
+
     @extend_schema(
         operation_id="runs_status",
         request=s.RunStatusInput,
