@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -18,10 +19,17 @@ def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-DATA_DIR = Path(os.environ.get("AGORA_DATA_DIR", BASE_DIR / "var")).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
-
 DEBUG = env_bool("DEBUG", True)
+
+# Where Agora writes (the SQLite database, the embedded Redis, the beat schedule, static files).
+# Production never writes into the code directory: with DEBUG off it must be named.
+if os.environ.get("AGORA_DATA_DIR"):
+    DATA_DIR = Path(os.environ["AGORA_DATA_DIR"]).resolve()
+elif DEBUG:
+    DATA_DIR = BASE_DIR / "var"
+else:
+    raise ImproperlyConfigured("AGORA_DATA_DIR must be set when DEBUG is off (a directory outside the code).")
+DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 
 def load_secret_key() -> str:
