@@ -193,7 +193,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "config.openapi.AutoSchema",  # enums, string bounds, own descriptions
     "EXCEPTION_HANDLER": "config.problems.problem_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -202,6 +202,17 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Sagas in which agents and people work together.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Choice sets that share a field name, named for a client generator (config/openapi.py).
+    "ENUM_NAME_OVERRIDES": {
+        "SagaStatusEnum": "sagas.models.Saga.Status",
+        "RunStatusEnum": "sagas.models.Run.Status",
+        "RequestStatusEnum": "sagas.models.AgentRequest.Status",
+        "HumanRequestStatusEnum": "sagas.models.HumanRequest.Status",
+        "CollaboratorKindEnum": "sagas.models.Collaborator.Kind",
+        "SteeringKindEnum": "sagas.models.SteeringItem.Kind",
+        "ExternalRunStatusEnum": ["working", "idle", "finished"],
+        "PendingStatusEnum": ["pending"],
+    },
 }
 
 # Limits (DESIGN.md §3.9).

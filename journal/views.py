@@ -5,6 +5,7 @@ from rest_framework import exceptions
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from config.openapi import MAX_QUERY_INT
 from journal.access import viewable_saga
 from journal.export import iter_jsonl
 
@@ -12,7 +13,7 @@ from journal.export import iter_jsonl
 def cursor_param(request: Request, name: str = "after") -> int:
     """A non-negative integer cursor from the query string; 0 when absent."""
     raw = request.query_params.get(name) or "0"
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_QUERY_INT:
         raise exceptions.ValidationError({name: ["Must be a non-negative integer."]})
     return int(raw)
 

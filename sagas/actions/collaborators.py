@@ -16,7 +16,8 @@ from sagas.actions.locking import lock_saga
 from sagas.models import Collaborator, Delegation, Run, Saga
 from sagas.wakeups import ring_run_after_commit
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]{0,63}"
+NAME_RE = re.compile(rf"^{NAME_PATTERN}$")
 
 
 def acting_collaborator(saga: Saga, by: User) -> Collaborator | None:
