@@ -67,7 +67,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
             "--suppress-health-check", "all", "--request-timeout", "10", "--report", "ndjson",
             "--report-dir", str(artifacts / "schemathesis"),
         ],
-        capture_output=True, text=True, timeout=280,
+        cwd=artifacts, capture_output=True, text=True, timeout=280,  # its cache, out of the checkout
     )  # fmt: skip
     (artifacts / "schemathesis.log").write_text(ran.stdout + ran.stderr)
     assert ran.returncode == 0, ran.stdout[-6000:] + ran.stderr[-2000:]
