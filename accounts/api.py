@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 
 from accounts.actions import issue_token
 from accounts.throttles import SignInThrottle
+from config.openapi import ProblemOutput
 from config.parsers import LimitedJSONParser
 from config.problems import problem
 
@@ -37,8 +38,12 @@ class TokenCreateApi(APIView):
         request=TokenCreateInput,
         responses={
             200: TokenOutput,
-            400: OpenApiResponse(description="invalid_credentials or invalid_payload"),
-            429: OpenApiResponse(description="throttled: too many attempts; see Retry-After"),
+            (400, "application/problem+json"): OpenApiResponse(
+                ProblemOutput, description="invalid_credentials or invalid_payload"
+            ),
+            (429, "application/problem+json"): OpenApiResponse(
+                ProblemOutput, description="throttled: too many attempts; see Retry-After"
+            ),
         },
         auth=[],
     )
@@ -59,15 +64,29 @@ class TokenCreateApi(APIView):
 
 
 class TokenScheme(OpenApiAuthenticationExtension):
-    """How the OpenAPI document describes `accounts.authentication.TokenAuthentication`."""
+    """How the OpenAPI document describes `accounts.authentication.TokenAuthentication`: as two
+    schemes, one for people and one for agents, so that a client (and a generated one) knows which
+    credential an operation is for. A view says who calls each of its methods with a `callers`
+    mapping (method → "person" and/or "agent"); without one, both."""
 
     target_class = "accounts.authentication.TokenAuthentication"
-    name = "tokenAuth"
+    name = ["personToken", "agentToken"]
 
-    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
-        return {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "`Authorization: Token <key>` (people: POST /api/v1/auth/token/) or "
-            "`Bearer <key>` (agents: the token returned when they were added).",
-        }
+    def get_security_requirement(self, auto_schema: Any) -> list[dict[str, list[Any]]]:
+        callers = getattr(auto_schema.view, "callers", {}).get(auto_schema.method.lower(), ("person", "agent"))
+        return [{f"{caller}Token": []} for caller in callers]
+
+    def get_security_definition(self, auto_schema: Any) -> list[dict[str, str]]:
+        return [
+            {
+                "type": "apiKey",
+                "in": "header",
+                "name": "Authorization",
+                "description": "People: `Token <key>`, the key from POST /api/v1/auth/token/.",
+            },
+            {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "Agents: `Bearer <key>`, the token returned once when the agent was added.",
+            },
+        ]

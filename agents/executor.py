@@ -87,11 +87,13 @@ def heartbeat() -> Heartbeat:
         return _heartbeat
 
 
-def run_turn(run_id: str) -> None:
+def run_turn(run_id: str, *, worker: str = "") -> None:
+    """The turns of one run; `worker` is this worker's node name, recorded on the run and in the
+    journal so that operators can tell which host ran what."""
     run = actions.queued_run(run_id)
     if run is None:
         return  # a redelivered doorbell, or another worker holds the run
-    turns = Turns(run)
+    turns = Turns(run, worker=worker)
     heartbeat().add(turns)
     try:
         turns.execute()
@@ -117,8 +119,9 @@ class Turns:
     A run with more to do keeps its worker for up to `AGORA_TURN_SLICE_S`, then goes back in line.
     """
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, *, worker: str = "") -> None:
         self.run = run
+        self.worker = worker
         self.collaborator = run.collaborator
         self.saga_id = self.collaborator.saga_id
         self.turn = run.turn + 1  # once claimed
@@ -149,7 +152,11 @@ class Turns:
         write: one lock order, no deadlocks), first the claim or a renewal of the lease, which
         proves this task holds the turn, and last the new transcript entries."""
         with actions.saga_transaction(self.collaborator.saga):
-            if not (actions.take_turn(self.run) if claim else actions.renew_lease(run_id=self.run.pk, turn=self.turn)):
+            if not (
+                actions.take_turn(self.run, worker=self.worker)
+                if claim
+                else actions.renew_lease(run_id=self.run.pk, turn=self.turn)
+            ):
                 raise LostTurn
             yield
             self.transcript.save()
@@ -163,7 +170,9 @@ class Turns:
         if self.transcript.tokens >= self.profile.max_tokens:
             return self.finish(Run.Status.FAILED, error=f"Token budget of {self.profile.max_tokens} tokens exhausted.")
         if self.turn == 1 and not self.transcript.messages:
-            self.journal("worker_start", {"role": self.profile.role, "task": self.collaborator.task})
+            self.journal(
+                "worker_start", {"role": self.profile.role, "task": self.collaborator.task, "worker": self.worker}
+            )
         resumed = bool(self.run.waiting_on_id) and self.resume_wait()
         interrupted = self.interrupted_calls()
         if interrupted and self.run_calls(interrupted):
@@ -184,7 +193,7 @@ class Turns:
             "llm_call",
             {"model": completion.model, "latency_ms": latency_ms, "prompt_tokens": completion.prompt_tokens,
              "completion_tokens": completion.completion_tokens,
-             "tool_calls": [c["name"] for c in completion.tool_calls]},
+             "tool_calls": [c["name"] for c in completion.tool_calls], "turn": self.turn, "worker": self.worker},
         )  # fmt: skip
         self.transcript.append(
             self.turn, [completion.as_message()], tokens=completion.prompt_tokens + completion.completion_tokens
@@ -336,8 +345,8 @@ class Turns:
     # --- the end ----------------------------------------------------------------------------
 
     def finish(self, status: str, *, result: Any = None, error: str = "") -> bool:
-        actions.finish_run(run=self.run, status=status, result=result, error=error)
-        self.journal("worker_end", {"status": status, "result": result, "error": error})
+        actions.finish_run(run=self.run, status=status, result=result, error=error, worker=self.worker)
+        self.journal("worker_end", {"status": status, "result": result, "error": error, "worker": self.worker})
         return False
 
     # --- persistence ------------------------------------------------------------------------

@@ -1,12 +1,12 @@
-from celery import shared_task
+from celery import Task, shared_task
 
 from agents import executor
 
 
-@shared_task(name="agents.tasks.run_turn", acks_late=True)
-def run_turn(run_id: str) -> None:
+@shared_task(name="agents.tasks.run_turn", acks_late=True, bind=True)
+def run_turn(self: Task, run_id: str) -> None:
     """One turn of one internal run. Safe to deliver twice: the turn is claimed by compare-and-set."""
-    executor.run_turn(run_id)
+    executor.run_turn(run_id, worker=self.request.hostname or "")
 
 
 # The orchestrator's tasks register with this module's (Celery discovers `agents.tasks`).

@@ -8,16 +8,23 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 
 def celery_settings() -> dict[str, Any]:
-    """The CELERY_ settings, copied once into a plain dict. Celery looks its settings up several
-    times for each task it sends, and each lookup that falls through Django's settings object (as
-    with `config_from_object("django.conf:settings")`) costs tens of microseconds."""
+    """The CELERY_ settings, copied once into a plain dict under Celery's current lowercase names
+    (CELERY_TASK_ACKS_LATE → task_acks_late). Celery looks its settings up several times for each
+    task it sends, and each lookup that falls through Django's settings object (as with
+    `config_from_object("django.conf:settings")`) costs tens of microseconds. Handing Celery the
+    prefixed names instead makes it take some for their pre-4.0 namesakes (CELERY_RESULT_BACKEND,
+    CELERY_ACCEPT_CONTENT, ...) and print a deprecation warning for each at every worker start."""
     from django.conf import settings
 
-    return {name: getattr(settings, name) for name in dir(settings) if name.startswith("CELERY_")}
+    names = [name for name in dir(settings) if name.startswith("CELERY_")]
+    conf = {name.removeprefix("CELERY_").lower(): getattr(settings, name) for name in names}
+    # Celery's Django fixup reads this one under its Django name only.
+    conf["CELERY_DB_REUSE_MAX"] = conf.pop("db_reuse_max", None)
+    return conf
 
 
 app = Celery("agora")
-app.config_from_object(celery_settings(), namespace="CELERY")
+app.config_from_object(celery_settings())
 app.autodiscover_tasks()
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -18,10 +19,17 @@ def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
-DATA_DIR = Path(os.environ.get("AGORA_DATA_DIR", BASE_DIR / "var")).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
-
 DEBUG = env_bool("DEBUG", True)
+
+# Where Agora writes (the SQLite database, the embedded Redis, the beat schedule, static files).
+# Production never writes into the code directory: with DEBUG off it must be named.
+if os.environ.get("AGORA_DATA_DIR"):
+    DATA_DIR = Path(os.environ["AGORA_DATA_DIR"]).resolve()
+elif DEBUG:
+    DATA_DIR = BASE_DIR / "var"
+else:
+    raise ImproperlyConfigured("AGORA_DATA_DIR must be set when DEBUG is off (a directory outside the code).")
+DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 
 def load_secret_key() -> str:
@@ -217,7 +225,9 @@ CELERY_TASK_IGNORE_RESULT = True
 # that hit a database error closes it (agents.executor.run_turn).
 CELERY_DB_REUSE_MAX = 1000
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-RECONCILE_INTERVAL_S = float(os.environ.get("AGORA_RECONCILE_INTERVAL_S", "5"))
+# The reconciler reclaims a dead worker's turns once their lease has lapsed: a dead host's runs
+# move on within AGORA_LEASE_S + this interval (README, "Failover").
+RECONCILE_INTERVAL_S = float(os.environ.get("AGORA_RECONCILE_INTERVAL_S", "2"))
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "sagas.tasks.reconcile", "schedule": RECONCILE_INTERVAL_S},
     "resume-prompts": {"task": "agents.orchestrator.resume_prompts", "schedule": RECONCILE_INTERVAL_S},
@@ -232,7 +242,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["accounts.throttles.AgentQuota"],
     "NUM_PROXIES": AGORA_TRUSTED_PROXIES,  # DRF's own address throttles, should any view use one
     "DEFAULT_PARSER_CLASSES": ["config.parsers.LimitedJSONParser"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "config.openapi.AutoSchema",  # enums, string bounds, own descriptions
     "EXCEPTION_HANDLER": "config.problems.problem_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -241,6 +251,17 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Sagas in which agents and people work together.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Choice sets that share a field name, named for a client generator (config/openapi.py).
+    "ENUM_NAME_OVERRIDES": {
+        "SagaStatusEnum": "sagas.models.Saga.Status",
+        "RunStatusEnum": "sagas.models.Run.Status",
+        "RequestStatusEnum": "sagas.models.AgentRequest.Status",
+        "HumanRequestStatusEnum": "sagas.models.HumanRequest.Status",
+        "CollaboratorKindEnum": "sagas.models.Collaborator.Kind",
+        "SteeringKindEnum": "sagas.models.SteeringItem.Kind",
+        "ExternalRunStatusEnum": ["working", "idle", "finished"],
+        "PendingStatusEnum": ["pending"],
+    },
 }
 
 # Limits (DESIGN.md §3.9).
@@ -278,7 +299,9 @@ AGORA_MAX_WAITS_PER_SAGA = int(os.environ.get("AGORA_MAX_WAITS_PER_SAGA", "128")
 AGORA_DEFAULT_WAIT_S = float(os.environ.get("AGORA_DEFAULT_WAIT_S", "60"))
 AGORA_MAX_WAIT_S = float(os.environ.get("AGORA_MAX_WAIT_S", "300"))
 AGORA_REQUEST_TTL_S = float(os.environ.get("AGORA_REQUEST_TTL_S", str(24 * 3600)))
-AGORA_LEASE_S = float(os.environ.get("AGORA_LEASE_S", "60"))
+# Short, because a live worker never lets it lapse: its heartbeat renews the lease of every turn in
+# flight every third of it (agents/executor.py), through model calls and tools of any length.
+AGORA_LEASE_S = float(os.environ.get("AGORA_LEASE_S", "6"))
 AGORA_STEERING_POLL_MAX_S = float(os.environ.get("AGORA_STEERING_POLL_MAX_S", "60"))
 # A run with more to do keeps its worker for its next turns until this much time has passed
 # since the task started, then queues behind the others.

@@ -23,6 +23,8 @@ from django.db import DatabaseError, connections
 from redis import Redis
 from redis.exceptions import RedisError
 
+from config import production
+
 PYTHON = sys.executable
 BASE_DIR = Path(__file__).resolve().parent.parent
 STOP_GRACE_S = 10.0
@@ -96,41 +98,18 @@ class Stack:
         call_command("seed_demo")
         connections.close_all()  # the children open their own
         host, port = os.environ.get("WEB_HOST", "127.0.0.1"), os.environ.get("WEB_PORT", "8000")
-        self.start("web", [PYTHON, "-m", "daphne", "-b", host, "-p", port, "config.asgi:application"])
-        self.start(
-            "worker",
-            [
-                PYTHON,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-l",
-                "INFO",
-                "-n",
-                "agora@%h",
-                "--without-mingle",
-                "--without-gossip",
-                "--concurrency",
-                os.environ.get("WORKER_CONCURRENCY", "2"),
-            ],
-        )
-        self.start(
-            "reconciler",
-            [
-                PYTHON,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "beat",
-                "-l",
-                "INFO",
-                "--schedule",
-                str(s.DATA_DIR / "celerybeat-schedule"),
-            ],
-        )
+        # The production commands (config/production.py), on this machine's defaults: one worker
+        # of WORKER_CONCURRENCY processes on the queues in WORKER_QUEUES, and the reconciler.
+        env = {
+            **os.environ,
+            "WEB_HOST": host,
+            "WEB_PORT": port,
+            "WORKER_NAME": os.environ.get("WORKER_NAME", "agora"),
+            "AGORA_DATA_DIR": str(s.DATA_DIR),
+        }
+        self.start("web", production.argv("web", env))
+        self.start("worker", production.argv("worker", env))
+        self.start("reconciler", production.argv("beat", env))
         url = f"http://{host}:{port}/"
         self.wait_for("web and worker", lambda: healthy(url + "healthz"))
         print(f"\nAgora is up at {url}  (admin: {url}admin/, API: {url}api/v1/docs/). Ctrl-C stops it.\n", flush=True)

@@ -168,6 +168,10 @@ class Run(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     turn = models.PositiveIntegerField(default=0, help_text="Turns started so far.")
     lease_until = models.DateTimeField(null=True, blank=True)
+    # Who ran it last, for operators: kept after the turn ends and after a reclaim, which names it.
+    worker = models.CharField(
+        max_length=255, blank=True, help_text="Node name of the Celery worker that took its latest turn."
+    )
     resumable = models.BooleanField(default=False)
     waiting_on = models.ForeignKey("AgentRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     wait_until = models.DateTimeField(null=True, blank=True)

@@ -244,3 +244,24 @@ class WebServer:
 
     def stop(self) -> None:
         stop_process(self.proc)
+
+
+class CeleryBeat:
+    """A real `celery beat` process: the reconciler's schedule, as production runs it."""
+
+    def __init__(self, redis_url: str, logdir: Path, *, env: dict[str, str] | None = None) -> None:
+        self.log_path = logdir / f"beat-{uuid.uuid4().hex[:8]}.log"
+        schedule = logdir / f"beat-schedule-{uuid.uuid4().hex[:8]}"
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "INFO", "--schedule", str(schedule)],
+            cwd=BASE_DIR,
+            env=child_env(redis_url, **(env or {})),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def stop(self) -> None:
+        stop_process(self.proc)

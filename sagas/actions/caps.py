@@ -17,7 +17,10 @@ def check_delegate_caps(saga: Saga, delegator: Collaborator) -> None:
     `AGORA_MAX_AGENTS_PER_SAGA` agents; past either, `too_many_delegates` (429). Teammates are
     counted by their team's own cap (`sagas.actions.teams`), which a manager sets, not here."""
     per_agent, per_saga = settings.AGORA_MAX_DELEGATES_PER_AGENT, settings.AGORA_MAX_AGENTS_PER_SAGA
-    if delegator.is_agent and Delegation.objects.filter(delegator=delegator, delegate__run__team__isnull=True).count() >= per_agent:
+    if (
+        delegator.is_agent
+        and Delegation.objects.filter(delegator=delegator, delegate__run__team__isnull=True).count() >= per_agent
+    ):
         raise errors.TooManyDelegates(f"{delegator.handle} already has {per_agent} delegates.", limit=per_agent)
     if Collaborator.objects.filter(saga=saga, kind=Collaborator.Kind.AGENT).count() >= per_saga:
         raise errors.TooManyDelegates(f"This saga already has {per_saga} agents.", limit=per_saga)

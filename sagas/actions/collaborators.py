@@ -18,7 +18,8 @@ from sagas.actions.payloads import check_goal
 from sagas.models import Collaborator, Delegation, Run, Saga
 from sagas.wakeups import ring_run_after_commit
 
-NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")  # whole names only: fullmatch (`$` admits a final newline)
+NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]{0,63}"
+NAME_RE = re.compile(NAME_PATTERN)  # whole names only: fullmatch (`$` admits a final newline)
 
 
 def acting_collaborator(saga: Saga, by: User) -> Collaborator | None:

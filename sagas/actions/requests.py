@@ -23,7 +23,8 @@ from sagas.actions.steering import push_steering, resume_waiter, waits_over_http
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
 from sagas.wakeups import publish_after_commit, request_channel
 
-TYPE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*")  # fullmatch: `$` admits a final newline
+TYPE_PATTERN = r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*"
+TYPE_RE = re.compile(TYPE_PATTERN)  # fullmatch: `$` admits a final newline
 TYPE_MAX = 100
 Status = AgentRequest.Status
 

@@ -20,9 +20,12 @@ from sagas.wakeups import ring_run_after_commit
 
 
 @transaction.atomic
-def finish_run(*, run: Run, status: str, result: Any = None, error: str = "", actor: str | None = None) -> bool:
+def finish_run(
+    *, run: Run, status: str, result: Any = None, error: str = "", actor: str | None = None, worker: str = ""
+) -> bool:
     """A run's terminal transition. Every open request addressed to it becomes
-    `recipient_unavailable` in the same transaction, and each sender is told."""
+    `recipient_unavailable` in the same transaction, and each sender is told. `worker`: the node
+    name of the worker whose turn ended the run, if one did."""
     collaborator = run.collaborator
     lock_saga(collaborator.saga_id)
     if status not in Run.FINISHED:
@@ -32,6 +35,9 @@ def finish_run(*, run: Run, status: str, result: Any = None, error: str = "", ac
         wait_until=None,
     ):  # fmt: skip
         return False
+    data = {"result": result, "error": error}
+    if worker:
+        data["worker"] = worker
     Delegation.objects.filter(delegate=collaborator).update(status=DELEGATION_STATUS.get(status, "cancelled"))
     AgentRequest.objects.filter(sender=collaborator, wait_deadline__isnull=False).update(wait_deadline=None)
     stranded = AgentRequest.objects.filter(recipient=collaborator, status__in=AgentRequest.OPEN)
@@ -43,7 +49,7 @@ def finish_run(*, run: Run, status: str, result: Any = None, error: str = "", ac
         type=f"run.{status}",
         actor=actor or collaborator.handle,
         run_id=run.pk,
-        data={"result": result, "error": error},
+        data=data,
     )
     return True
 
@@ -100,30 +106,36 @@ _QUEUED_RUN_SQL = (
 )
 
 
-def take_turn(run: Run) -> bool:
+def take_turn(run: Run, *, worker: str = "") -> bool:
     """In the caller's saga transaction: compare-and-set the queued run, as loaded, to running with
-    the next turn number and a fresh lease; the object follows. False: a redelivered doorbell, or
-    another worker got it (which rang its own doorbell for anything after)."""
+    the next turn number and a fresh lease, held by `worker` (a Celery node name); the object
+    follows. False: a redelivered doorbell, or another worker got it (which rang its own doorbell
+    for anything after)."""
     lease_until, now = lease_deadline(), timezone.now()
     queued = {"id": run.pk, "status": Run.Status.QUEUED, "turn": run.turn}
-    if not update(Run, queued, status=Run.Status.RUNNING, turn=run.turn + 1, lease_until=lease_until, updated_at=now):
+    changes = {"status": Run.Status.RUNNING, "turn": run.turn + 1, "lease_until": lease_until, "updated_at": now}
+    if worker != run.worker:  # the same worker's next turn writes one column less
+        changes["worker"] = worker
+    if not update(Run, queued, **changes):
         return False
     run.status, run.turn, run.lease_until, run.updated_at = Run.Status.RUNNING, run.turn + 1, lease_until, now
+    run.worker = worker
     return True
 
 
-def claim_turn(*, run_id: str) -> Run | None:
+def claim_turn(*, run_id: str, worker: str = "") -> Run | None:
     """take_turn() in a transaction of its own; None when the run was not claimed."""
     run = queued_run(run_id)
     if run is None:
         return None
     with saga_transaction(run.collaborator.saga):
-        return run if take_turn(run) else None
+        return run if take_turn(run, worker=worker) else None
 
 
 @transaction.atomic
 def reclaim_lapsed_turn(*, run_id: str, now: Any, mark: Any) -> bool:
-    """A turn whose lease lapsed (its worker died) is queued again, as last touched at `mark`."""
+    """A turn whose lease lapsed (its worker died) is queued again, as last touched at `mark`. The
+    journal names the worker that lost it."""
     saga_id = Run.objects.filter(pk=run_id).values_list("collaborator__saga_id", flat=True).first()
     if saga_id is None:
         return False
@@ -138,7 +150,11 @@ def reclaim_lapsed_turn(*, run_id: str, now: Any, mark: Any) -> bool:
         type="run.reclaimed",
         actor=run.collaborator.handle,
         run_id=run_id,
-        data={"turn": run.turn, "lease_until": run.lease_until.isoformat() if run.lease_until else None},
+        data={
+            "turn": run.turn,
+            "lease_until": run.lease_until.isoformat() if run.lease_until else None,
+            "lost_by": run.worker,
+        },
     )
     return True
 
@@ -197,6 +213,8 @@ def record_rest(run: Run, status: str, *, turn: int, request_id: str = "") -> No
     tree learn of it from the journal. A run going straight on to its next turn is not recorded;
     its next model call is."""
     data: dict[str, Any] = {"turn": turn}
+    if run.worker:
+        data["worker"] = run.worker
     if request_id:
         data["request_id"] = request_id
     collaborator = run.collaborator

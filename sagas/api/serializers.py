@@ -6,17 +6,19 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from config import openapi
+from config.openapi import enum_field
+from sagas.actions.collaborators import NAME_PATTERN
+from sagas.actions.requests import TYPE_PATTERN
 from sagas.forms import FIELD_TYPES
 from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga, SteeringItem
 
 
 def one_of(choices: Any, **kwargs: Any) -> serializers.CharField:
-    """An output string from a fixed set, documented in its description rather than as an enum:
-    several enums share a field name (`status` of sagas, runs, requests and forms; `kind`), and
-    named enum components for them would collide."""
-    values = [value for value, _ in choices]
-    help_text = " ".join([kwargs.pop("help_text", ""), f"One of: {', '.join(values)}."]).strip()
-    return serializers.CharField(help_text=help_text, **kwargs)
+    """An output string from a fixed set, documented as an inline enum: several sets share a field
+    name (`status` of sagas, runs, requests and forms; `kind`), and named enum components for them
+    would collide."""
+    return enum_field(choices, **kwargs)
 
 
 class Shape(serializers.Serializer):
@@ -27,18 +29,31 @@ class Shape(serializers.Serializer):
     def get_fields(self) -> dict[str, serializers.Field]:
         return {name.removesuffix("_"): field for name, field in super().get_fields().items()}
 
+    def to_internal_value(self, data: Any) -> Any:
+        # DRF's CharField takes a number for a string (0 → "0"): the schema says string, so do we.
+        if isinstance(data, dict):
+            wrong = {
+                name: ["Not a string."]
+                for name, field in self.fields.items()
+                if isinstance(field, serializers.CharField)
+                and not field.read_only
+                and data.get(name) is not None
+                and not isinstance(data[name], str)
+            }
+        else:
+            wrong = {}
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if wrong and isinstance(exc.detail, dict):
+                raise serializers.ValidationError({**exc.detail, **wrong}) from None
+            raise
+        if wrong:
+            raise serializers.ValidationError(wrong)
+        return value
 
-class ProblemOutput(Shape):
-    """An error, as `application/problem+json`."""
 
-    type = serializers.CharField()
-    title = serializers.CharField()
-    status = serializers.IntegerField()
-    code = serializers.CharField(help_text="A stable error code such as not_found or deadlock.")
-    detail = serializers.CharField()
-    errors_ = serializers.DictField(
-        child=serializers.ListField(child=serializers.CharField()), required=False, help_text="Field errors."
-    )
+ProblemOutput = openapi.ProblemOutput  # shared with accounts' token endpoint
 
 
 # --- sagas ---------------------------------------------------------------------------------------
@@ -72,7 +87,10 @@ class SagaListOutput(Shape):
 
 class AgentAddInput(Shape):
     kind = serializers.ChoiceField(choices=["agent"])
-    name = serializers.CharField(max_length=64, help_text="Gives the stable id agent:<name>.")
+    name = openapi.patterned(
+        NAME_PATTERN, "Lowercase letters, digits, '.', '_' and '-'.", max_length=64,
+        help_text="Gives the stable id agent:<name>.",
+    )  # fmt: skip
     role = serializers.CharField(max_length=120, allow_blank=True, default="")
     task = serializers.CharField(allow_blank=True, default="")
     runtime = serializers.ChoiceField(
@@ -136,16 +154,25 @@ class SecondsField(serializers.FloatField):
 class AskInput(Shape):
     """`ask_agent`. The sender is the authenticated agent: any `from` in the body is ignored."""
 
-    to = serializers.CharField(max_length=160, help_text="The recipient, such as agent:coder-01.")
-    type = serializers.CharField(max_length=100, help_text="A short dotted name such as code.review.")
+    to = openapi.patterned(
+        r"(agent|human):[A-Za-z0-9_.@+-]{1,150}", "A collaborator id such as agent:coder-01.",
+        max_length=160, help_text="The recipient, such as agent:coder-01.",
+    )  # fmt: skip
+    type = openapi.patterned(
+        TYPE_PATTERN, "A short dotted name such as code.review.",
+        max_length=100, help_text="A short dotted name such as code.review.",
+    )  # fmt: skip
     payload = serializers.JSONField(default=dict)
     mode = serializers.ChoiceField(choices=AgentRequest.Mode.choices, default=AgentRequest.Mode.ASYNC)
-    timeout_s = SecondsField(required=False, allow_null=True, default=None, help_text="For mode=wait.")
+    timeout_s = SecondsField(
+        required=False, allow_null=True, default=None, min_value=0.001,
+        help_text="For mode=wait: seconds; more than the server's maximum is cut to it.",
+    )  # fmt: skip
 
 
 class AskPendingOutput(Shape):
     request_id = serializers.CharField()
-    status = serializers.CharField(help_text="pending")
+    status = enum_field([("pending", "pending")])
     timed_out = serializers.BooleanField(required=False, help_text="Only when a wait ran out of time.")
 
 
@@ -174,8 +201,21 @@ class AgentRequestOutput(Shape):
 
 
 class ReplyInput(Shape):
-    payload = serializers.JSONField(required=False, allow_null=True, default=None)
-    error = serializers.JSONField(required=False, allow_null=True, default=None, help_text="Fails the request.")
+    payload = serializers.JSONField(required=False, default=None)
+    error = serializers.JSONField(required=False, default=None, help_text="Fails the request.")
+
+
+# ReplyInput as the OpenAPI document shows it: one of these two, never both.
+class ReplyPayloadInput(Shape):
+    """A reply that completes the request."""
+
+    payload = serializers.JSONField(help_text="The answer, any JSON value but null.")
+
+
+class ReplyErrorInput(Shape):
+    """A reply that fails the request."""
+
+    error = serializers.JSONField(help_text="Why, any JSON value but null (such as {code, message}).")
 
 
 class RequestStatusOutput(Shape):
@@ -237,6 +277,9 @@ class RunStatusInput(Shape):
 class RunStatusOutput(Shape):
     run_id = serializers.CharField(source="pk")
     status = one_of(Run.Status.choices)
+    worker = serializers.CharField(
+        help_text="Node name of the Celery worker that took the run's latest turn; empty for external agents."
+    )
 
 
 # --- forms for people (ask_human) ----------------------------------------------------------------
@@ -250,7 +293,8 @@ class FormFieldSpec(Shape):
     choices = serializers.ListField(child=serializers.CharField(), required=False)
 
 
-@extend_schema_field(FormFieldSpec(many=True))
+@extend_schema_field({"type": "array", "items": {"$ref": "#/components/schemas/FormFieldSpec"}, "minItems": 1,
+                      "maxItems": 50})  # fmt: skip
 class FormFieldsField(serializers.JSONField):
     """The form's fields, checked (with per-field errors) by the kernel rather than here."""
 
@@ -286,7 +330,9 @@ class HumanRequestListOutput(Shape):
 
 
 class HumanAnswerInput(Shape):
-    answer = serializers.JSONField(help_text="{field name: value}, checked against the form.")
+    answer = serializers.DictField(
+        child=serializers.JSONField(), help_text="{field name: value}, checked against the form."
+    )
 
 
 # --- the journal ---------------------------------------------------------------------------------

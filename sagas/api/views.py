@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import User
+from config import openapi
 from config.params import integer_param, seconds_param
 from config.parsers import LimitedJSONParser
 from journal.models import JournalEvent
@@ -31,7 +32,7 @@ from sagas import actions, errors
 from sagas.access import JournalLens, collaborator_card, collaborator_for, may_manage, visible_collaborators
 from sagas.api import serializers as s
 from sagas.api.waiting import Done, Wait, WaitingResponse
-from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga, SteeringItem
+from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga, SteeringItem
 from sagas.waits import hold_wait
 from sagas.wakeups import request_channel, steering_channel
 
@@ -40,10 +41,8 @@ JOURNAL_PAGE = 500  # events per journal response
 LIST_LIMIT = 500
 
 
-def problems(*statuses: int) -> dict[tuple[int, str], OpenApiResponse]:
-    """The error responses an operation documents, all `application/problem+json`."""
-    problem = OpenApiResponse(s.ProblemOutput, description="A problem with a stable `code`.")
-    return {(status, "application/problem+json"): problem for status in statuses}
+problems = openapi.problems
+AFTER = {"type": "integer", "minimum": 0, "maximum": openapi.MAX_QUERY_INT}  # a seq cursor
 
 
 def principal(request: Request) -> User:
@@ -91,6 +90,8 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 
 class ApiView(APIView):
     parser_classes = [LimitedJSONParser]
+    # Who calls each method ("person", "agent"), for the OpenAPI security (accounts.api.TokenScheme).
+    callers: dict[str, tuple[str, ...]] = {}
 
 
 # --- sagas ---------------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ class CollaboratorAddApi(ApiView):
                 raise errors.Forbidden("Only managers of the saga add collaborators.")
             person = User.objects.filter(username=human["username"], kind=User.Kind.HUMAN, is_active=True).first()
             if person is None:
-                raise errors.InvalidPayload("No such person.", errors={"username": ["No such person."]})
+                raise errors.NotFound("No such person.", errors={"username": ["No such person."]})
             collaborator = actions.add_human(
                 saga=saga, user=person, role=human["role"], task=human["task"], by=principal(request)
             )
@@ -193,6 +194,8 @@ class CollaboratorCollectionApi(CollaboratorListApi, CollaboratorAddApi):
 
 
 class CollaboratorSteerApi(ApiView):
+    callers = {"post": ("person",)}
+
     @extend_schema(
         operation_id="collaborators_steer",
         request=s.SteerInput,
@@ -245,6 +248,8 @@ def reply_check(request_id: str) -> Done | float:
 
 
 class AgentRequestCreateApi(ApiView):
+    callers = {"post": ("agent",)}
+
     @extend_schema(
         operation_id="requests_create",
         request=s.AskInput,
@@ -298,9 +303,15 @@ class AgentRequestDetailApi(ApiView):
 
 
 class AgentRequestReplyApi(ApiView):
+    callers = {"post": ("agent",)}
+
     @extend_schema(
         operation_id="requests_reply",
-        request=s.ReplyInput,
+        request=PolymorphicProxySerializer(
+            component_name="ReplyInput",
+            serializers=[s.ReplyPayloadInput, s.ReplyErrorInput],
+            resource_type_field_name=None,
+        ),
         responses={200: s.RequestStatusOutput, **problems(400, 401, 403, 404, 409, 413)},
     )
     def post(self, request: Request, request_id: str) -> Response:
@@ -313,6 +324,8 @@ class AgentRequestReplyApi(ApiView):
 
 
 class AgentRequestCancelApi(ApiView):
+    callers = {"post": ("agent",)}
+
     @extend_schema(
         operation_id="requests_cancel",
         request=None,
@@ -341,13 +354,18 @@ def steering_check(recipient_id: int, after: int, until: float) -> Done | float:
 
 
 class SteeringFeedApi(ApiView):
+    callers = {"get": ("agent",)}
+
     @extend_schema(
         operation_id="steering_list",
         parameters=[
+            OpenApiParameter("after", AFTER, description="Items up to this seq are acknowledged (consumed)."),
             OpenApiParameter(
-                "after", OpenApiTypes.INT, description="Items up to this seq are acknowledged (consumed)."
+                "wait",
+                {"type": "number", "minimum": 0},
+                description=f"Long-poll up to this many seconds (at most {settings.AGORA_STEERING_POLL_MAX_S:g}: "
+                "more is cut to that).",
             ),
-            OpenApiParameter("wait", OpenApiTypes.NUMBER, description="Long-poll up to this many seconds."),
         ],
         responses={200: s.SteeringOutput, **problems(400, 401, 403, 429)},
     )
@@ -375,6 +393,18 @@ class SteeringFeedApi(ApiView):
 
 
 class RunStatusApi(ApiView):
+    callers = {"post": ("agent",)}
+
+    @extend_schema(operation_id="runs_status_read", responses={200: s.RunStatusOutput, **problems(401, 404)})
+    def get(self, request: Request, run_id: str) -> Response:
+        """A run's state and the worker that took its latest turn: for the agent itself and the
+        saga's managers (to anyone else it does not exist)."""
+        user = principal(request)
+        run = Run.objects.select_related("collaborator__saga").filter(pk=run_id).first()
+        if run is None or not (run.collaborator.user_id == user.pk or may_manage(user, run.collaborator.saga)):
+            raise errors.NotFound(f"No run {run_id}.")
+        return Response(s.RunStatusOutput(run).data)
+
     @extend_schema(
         operation_id="runs_status",
         request=s.RunStatusInput,
@@ -391,6 +421,8 @@ class RunStatusApi(ApiView):
 
 
 class HumanRequestCreateApi(ApiView):
+    callers = {"post": ("agent",)}
+
     @extend_schema(
         operation_id="human_requests_create",
         request=s.HumanRequestCreateInput,
@@ -416,6 +448,8 @@ class HumanRequestCreateApi(ApiView):
 
 
 class HumanRequestListApi(ApiView):
+    callers = {"get": ("person",)}
+
     @extend_schema(
         operation_id="human_requests_list",
         parameters=[OpenApiParameter("status", OpenApiTypes.STR, enum=HumanRequest.Status.values)],
@@ -424,7 +458,8 @@ class HumanRequestListApi(ApiView):
     def get(self, request: Request) -> Response:
         """The forms addressed to the caller, oldest first."""
         forms = HumanRequest.objects.filter(addressee__user=principal(request)).select_related("asker", "addressee")
-        if status := request.query_params.get("status"):
+        if "status" in request.query_params:
+            status = request.query_params["status"]
             if status not in HumanRequest.Status.values:
                 raise exceptions.ValidationError({"status": [f"One of {HumanRequest.Status.values}."]})
             forms = forms.filter(status=status)
@@ -433,6 +468,8 @@ class HumanRequestListApi(ApiView):
 
 
 class HumanRequestDetailApi(ApiView):
+    callers = {"get": ("person",)}
+
     @extend_schema(operation_id="human_requests_retrieve", responses={200: s.HumanRequestOutput, **problems(401, 404)})
     def get(self, request: Request, human_request_id: str) -> Response:
         """A form and its answer: for the person it is addressed to, the asking agent and managers."""
@@ -443,6 +480,8 @@ class HumanRequestDetailApi(ApiView):
 
 
 class HumanRequestAnswerApi(ApiView):
+    callers = {"post": ("person",)}
+
     @extend_schema(
         operation_id="human_requests_answer",
         request=s.HumanAnswerInput,
@@ -462,8 +501,12 @@ class JournalEventListApi(ApiView):
     @extend_schema(
         operation_id="journal_list",
         parameters=[
-            OpenApiParameter("after", OpenApiTypes.INT, description="Events with a greater seq."),
-            OpenApiParameter("limit", OpenApiTypes.INT, description=f"At most {JOURNAL_PAGE}."),
+            OpenApiParameter("after", AFTER, description="Events with a greater seq."),
+            OpenApiParameter(
+                "limit",
+                {"type": "integer", "minimum": 1, "maximum": openapi.MAX_QUERY_INT},
+                description=f"At most {JOURNAL_PAGE} (more is cut to that).",
+            ),
         ],
         responses={200: s.JournalPageOutput, **problems(400, 401, 404)},
     )

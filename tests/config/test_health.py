@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 from django.test import Client
 
@@ -20,7 +22,22 @@ def test_healthz_is_ok_with_a_worker_and_503_once_it_stops(client: Client, celer
     assert health(client) == (503, {"db": "ok", "redis": "ok", "worker": "down"})
 
 
-def test_healthz_names_redis_when_it_does_not_answer(client: Client, settings) -> None:
+def test_healthz_names_redis_when_it_does_not_answer(
+    client: Client, settings, caplog: pytest.LogCaptureFixture
+) -> None:
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 
-    assert health(client) == (503, {"db": "ok", "redis": "down", "worker": "down"})
+    with caplog.at_level(logging.INFO):
+        assert health(client) == (503, {"db": "ok", "redis": "down", "worker": "down"})
+
+    # A booting stack's 503 is information for whoever waits on it, not an error.
+    assert [r.levelname for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert [r.getMessage() for r in caplog.records if r.name == "config.health"] == [
+        "healthz: db ok, redis down, worker down"
+    ]
+
+
+def test_a_worker_starts_without_deprecation_warnings(celery_worker: CeleryWorker) -> None:
+    log = celery_worker.log()
+    assert "ready." in log  # the whole start-up is in the log
+    assert "DeprecationWarning" not in log and "celery upgrade settings" not in log, log

@@ -74,12 +74,15 @@ class Supervisor:
         self.web_port = free_port()
         self.redis_port = free_port()
         self.log_path = log_path
+        self.data_dir = tmp_path / "data"
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
         env.update(
-            AGORA_DATA_DIR=str(tmp_path / "data"),
+            AGORA_DATA_DIR=str(self.data_dir),
             WEB_HOST="127.0.0.1",
             WEB_PORT=str(self.web_port),
             AGORA_REDIS_PORT=str(self.redis_port),
+            WORKER_CONCURRENCY="1",
+            WORKER_QUEUES="celery,bulk",
             PYTHONUNBUFFERED="1",
         )
         with log_path.open("wb") as log:
@@ -164,6 +167,11 @@ def test_the_stack_comes_up_healthy_and_ctrl_c_leaves_no_process_behind(supervis
     supervisor.wait_healthy()
     wait_until(lambda: f"Agora is up at http://127.0.0.1:{supervisor.web_port}/" in supervisor.log(), what="the URL")
     assert supervisor.redis_answers()
+    # The production commands (config/production.py), on this machine's settings.
+    worker = cmdline(supervisor.child("celery", "worker")).split()
+    assert worker[worker.index("--concurrency") + 1] == "1" and worker[worker.index("-Q") + 1] == "celery,bulk"
+    beat = cmdline(supervisor.child("celery", "beat")).split()
+    assert beat[beat.index("--schedule") + 1] == str(supervisor.data_dir / "celerybeat-schedule")
 
     os.kill(supervisor.proc.pid, signal.SIGINT)  # to the supervisor only, as Ctrl-C in `make run` would
 

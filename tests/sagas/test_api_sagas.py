@@ -172,7 +172,7 @@ def test_collaborators_join_and_are_discovered_as_the_caller_sees_them(team: Tea
     problem(owner.post(f"{base}/collaborators/", {"kind": "agent", "name": "ext"}, format="json"), 409, "name_taken")
     problem(owner.post(f"{base}/collaborators/", {"kind": "robot"}, format="json"), 400, "invalid_payload")
     nobody = owner.post(f"{base}/collaborators/", {"kind": "human", "username": "nobody"}, format="json")
-    assert problem(nobody, 400, "invalid_payload")["errors"] == {"username": ["No such person."]}
+    assert problem(nobody, 404, "not_found")["errors"] == {"username": ["No such person."]}
     # The token is in the response that created the agent, and nowhere else.
     assert token not in json.dumps(owner.get(f"{base}/collaborators/").data)
 
@@ -249,7 +249,7 @@ def test_external_runs_report_their_status(team: Team, alice: User) -> None:
     coder = client_for(team.user("coder"), "Bearer")
     run_id = team.run("coder").pk
     working = coder.post(f"/api/v1/runs/{run_id}/status/", {"status": "working"}, format="json")
-    assert (working.status_code, working.data) == (200, {"run_id": run_id, "status": "running"})
+    assert (working.status_code, working.data) == (200, {"run_id": run_id, "status": "running", "worker": ""})
     problem(coder.post(f"/api/v1/runs/{run_id}/status/", {"status": "asleep"}, format="json"), 400, "invalid_payload")
     problem(
         coder.post(f"/api/v1/runs/{team.run('lead').pk}/status/", {"status": "idle"}, format="json"), 404, "not_found"

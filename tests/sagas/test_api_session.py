@@ -171,6 +171,7 @@ def test_two_external_agents_run_the_protocol_over_http(web_server: WebServer, a
     assert coder.post(f"/api/v1/runs/{run_id}/status/", {"status": "finished"}).ok(200) == {
         "run_id": run_id,
         "status": "completed",
+        "worker": "",  # an external agent's run: no worker of Agora's runs it
     }
     assert tester.get(f"/api/v1/requests/{sid}/").ok(200)["status"] == "recipient_unavailable"
     gone = tester.steering_item(tester_cursor, lambda i: i["request_id"] == sid)

@@ -16,7 +16,7 @@ from django.urls import reverse
 from accounts.models import User
 from journal.actions import record
 from sagas import actions
-from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga, SteeringItem
+from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga, SteeringItem
 from tests.sagas.kernel import outcomes, profile_named, run_concurrently
 
 pytestmark = pytest.mark.django_db
@@ -206,8 +206,10 @@ def test_live_parts_and_journal_pages(cast: Cast, alice: User) -> None:
     assert seqs(rows.content.decode())[0] == total - 50
     assert client.get(reverse("sagas:journal", args=[saga_id])).status_code == 400
 
+    Run.objects.filter(collaborator=cast.coder).update(worker="w2@host-b")
     team = client.get(reverse("sagas:part", args=[saga_id, "team"])).content.decode()
     assert 'data-handle="agent:coder"' in team and "<html" not in team
+    assert re.search(r'data-handle="agent:coder".*?class="muted small run-worker"[^>]*>on w2@host-b<', team, re.S)
     inbox = client.get(reverse("sagas:part", args=[saga_id, "inbox"])).content.decode()
     assert f'data-form-id="{cast.form.pk}"' in inbox and "csrfmiddlewaretoken" in inbox
     requests = client.get(reverse("sagas:part", args=[saga_id, "requests"])).content.decode()

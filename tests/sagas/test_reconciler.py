@@ -173,6 +173,27 @@ def test_an_expired_lease_is_reclaimed_and_its_turn_rung_again(
     assert (current.status, current.turn) == (Run.Status.RUNNING, 2)  # the new claim holds it, not turn 1
 
 
+def test_the_run_names_the_worker_of_each_turn_and_a_reclaim_names_the_one_that_lost_it(
+    make_team: MakeTeam, clock: Clock, settings: LazySettings, alice: Any, mallory: Any
+) -> None:
+    from tests.sagas.api_http import client_for
+
+    team = make_team(internal=["coder"])
+    run = claim_turn(run_id=team.run("coder").pk, worker="w1@host-a")
+    assert run is not None and team.run("coder").worker == "w1@host-a"
+    clock.advance(settings.AGORA_LEASE_S + 1)  # host-a died
+    reconcile()
+    retry = claim_turn(run_id=run.pk, worker="w2@host-b")
+    assert retry is not None
+    assert end_turn(run=retry, turn=2, more=False) == Run.Status.IDLE
+
+    assert [e.data["lost_by"] for e in events_of(team.saga, "run.reclaimed")] == ["w1@host-a"]
+    assert [e.data["worker"] for e in events_of(team.saga, "run.idle")] == ["w2@host-b"]
+    shown = client_for(alice).get(f"/api/v1/runs/{run.pk}/status/")  # alice manages the saga
+    assert shown.status_code == 200 and shown.json() == {"run_id": run.pk, "status": "idle", "worker": "w2@host-b"}
+    assert client_for(mallory).get(f"/api/v1/runs/{run.pk}/status/").status_code == 404
+
+
 def test_a_live_lease_is_left_alone_and_renewing_it_keeps_it(
     make_team: MakeTeam, clock: Clock, settings: LazySettings
 ) -> None:
