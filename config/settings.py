@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "sagas",
     "agents",
     "gateways.mcp",
+    "gateways.a2a",
 ]
 
 MIDDLEWARE = [
