@@ -6,12 +6,16 @@ names beside it). Every call is authorized here, before the dispatcher: an agent
 not exposed, and a token of someone outside the saga, all get the same 404.
 """
 
+import json
 from typing import Any
 
 from a2a.server.context import ServerCallContext
-from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.server.request_handlers.response_helpers import build_error_response
 from a2a.server.routes.common import DefaultServerCallContextBuilder
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_1_0
+from a2a.utils.errors import InvalidParamsError
 from asgiref.sync import sync_to_async
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -19,12 +23,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from accounts.authentication import authenticate_key
-from gateways.a2a.cards import card_of, exposed_agent
+from gateways.a2a.cards import card_dict, exposed_agent, host_agent
 from gateways.a2a.handler import CALLER, Caller, KernelRequestHandler
 from gateways.a2a.waiting import release_connections
 from sagas.models import Collaborator
 
 PROBLEM = "application/problem+json"
+WELL_KNOWN = AGENT_CARD_WELL_KNOWN_PATH
 
 
 def problem(status: int, code: str, title: str, detail: str, **headers: str) -> JSONResponse:
@@ -65,10 +70,10 @@ def authorize(saga_id: str, name: str, key: str | None) -> Caller | JSONResponse
         release_connections()
 
 
-def load_card(saga_id: str, name: str, base_url: str) -> dict[str, Any] | None:
+def load_card(saga_id: str | None, name: str, base_url: str) -> dict[str, Any] | None:
     try:
-        agent = exposed_agent(saga_id, name)
-        return None if agent is None else agent_card_to_dict(card_of(agent, base_url=base_url))
+        agent = host_agent() if saga_id is None else exposed_agent(saga_id, name)
+        return None if agent is None else card_dict(agent, base_url=base_url)
     finally:
         release_connections()
 
@@ -87,8 +92,21 @@ dispatcher = JsonRpcDispatcher(
 
 async def card(request: Request) -> Response:
     base = f"{request.url.scheme}://{request.url.netloc}"
-    body = await sync_to_async(load_card)(request.path_params["saga"], request.path_params["agent"], base)
+    saga_id = request.path_params.get("saga")
+    body = await sync_to_async(load_card)(
+        None if saga_id is None else str(saga_id), request.path_params.get("agent", ""), base
+    )
     return not_found() if body is None else JSONResponse(body)
+
+
+def assume_current_version(request: Request, rpc: Any) -> None:
+    """A call without an A2A-Version header is a 0.3 call, says the spec; but a client that uses the
+    1.0 method names (SendMessage, GetTask…) while omitting the header plainly speaks 1.0."""
+    if "a2a-version" in request.headers or not isinstance(rpc, dict):
+        return
+    if rpc.get("method") in JsonRpcDispatcher.METHOD_TO_MODEL:
+        request.scope["headers"] = [*request.scope["headers"], (b"a2a-version", PROTOCOL_VERSION_1_0.encode())]
+        vars(request).pop("_headers", None)  # Starlette caches the parsed headers
 
 
 async def rpc(request: Request) -> Response:
@@ -97,7 +115,27 @@ async def rpc(request: Request) -> Response:
     if isinstance(caller, Response):
         return caller
     request.state.caller = caller
+    try:
+        rpc_body = json.loads(await request.body())
+    except ValueError:
+        rpc_body = None  # the dispatcher answers with the protocol's parse error
+    assume_current_version(request, rpc_body)
+    if (refused := check_enums(rpc_body)) is not None:
+        return JSONResponse(build_error_response(rpc_body.get("id"), refused))
     return await dispatcher.handle_requests(request)
+
+
+def check_enums(rpc: Any) -> InvalidParamsError | None:
+    """The dispatcher parses params ignoring unknown fields, which also turns an unknown enum
+    value into "unspecified"; a ListTasks status filter that names no state must be refused."""
+    if not isinstance(rpc, dict) or rpc.get("method") not in ("ListTasks", "tasks/list"):
+        return None
+    params = rpc.get("params")
+    status = params.get("status") if isinstance(params, dict) else None
+    states = pb.TaskState.DESCRIPTOR
+    if status is None or status in states.values_by_name or status in states.values_by_number:
+        return None
+    return InvalidParamsError(message=f"Unknown task state {status!r}.")
 
 
 async def fallback(request: Request) -> Response:
@@ -106,7 +144,8 @@ async def fallback(request: Request) -> Response:
 
 app = Starlette(
     routes=[
-        Route("/a2a/{saga:uuid}/{agent:str}/.well-known/agent-card.json", card, methods=["GET"]),
+        Route(WELL_KNOWN, card, methods=["GET"]),
+        Route("/a2a/{saga:uuid}/{agent:str}" + WELL_KNOWN, card, methods=["GET"]),
         Route("/a2a/{saga:uuid}/{agent:str}/", rpc, methods=["POST"]),
         Route("/a2a/{saga:uuid}/{agent:str}", rpc, methods=["POST"]),
         Route("/a2a/{rest:path}", fallback, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
@@ -118,7 +157,7 @@ def with_gateway(django_app: Any) -> Any:
     """Django's HTTP app, with /a2a/ served by the gateway."""
 
     async def http(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["path"].startswith("/a2a/"):
+        if scope["path"].startswith("/a2a/") or scope["path"] == WELL_KNOWN:
             await app(scope, receive, send)
         else:
             await django_app(scope, receive, send)

@@ -156,7 +156,7 @@ def cancel(caller: Caller, task_id: str) -> AgentRequest:
 
 
 def list_tasks(caller: Caller, params: pb.ListTasksRequest) -> pb.ListTasksResponse:
-    page_size = params.page_size or PAGE_SIZE
+    page_size = params.page_size if params.HasField("page_size") else PAGE_SIZE
     if not 0 < page_size <= MAX_PAGE_SIZE:
         raise InvalidParamsError(message=f"pageSize must be between 1 and {MAX_PAGE_SIZE}.")
     try:
@@ -182,7 +182,7 @@ def list_tasks(caller: Caller, params: pb.ListTasksRequest) -> pb.ListTasksRespo
     tasks = [task_of(r, history_length=history, artifacts=params.include_artifacts) for r in page]
     more = offset + len(page) < total
     return pb.ListTasksResponse(
-        tasks=tasks, page_size=page_size, total_size=total, next_page_token=str(offset + len(page)) if more else ""
+        tasks=tasks, page_size=len(tasks), total_size=total, next_page_token=str(offset + len(page)) if more else ""
     )
 
 

@@ -43,7 +43,7 @@ def test_an_exposed_agent_has_a_card_and_others_are_absent(web_server: WebServer
     assert card.supported_interfaces[0].url == cast.agent_url(web_server.url, "slow")
     assert card.supported_interfaces[0].protocol_binding == "JSONRPC"
     assert card.capabilities.streaming
-    assert card.security_schemes["agoraToken"].http_auth_security_scheme.scheme == "Bearer"
+    assert card.security_schemes["agoraKey"].http_auth_security_scheme.scheme == "Bearer"
     assert "Think" in card.skills[0].description
 
     card_path = ".well-known/agent-card.json"
