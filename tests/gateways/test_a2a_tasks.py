@@ -9,8 +9,10 @@ import pytest
 from a2a.client.client import Client
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import A2AError, TaskNotCancelableError, TaskNotFoundError, UnsupportedOperationError
+from django.db import connection
 from google.protobuf.json_format import MessageToDict
 
+from accounts.models import User
 from sagas import actions
 from sagas.models import AgentRequest, Run
 from tests.gateways.conftest import Cast, first, message, run, send
@@ -95,6 +97,15 @@ def test_send_blocking_and_not_get_list_and_cancel(
     assert run(responder, cast.ext_token, errors) == [TaskNotCancelableError, TaskNotFoundError, TaskNotFoundError]
 
 
+def reply_and_close(request_id: str, by: User, payload: str) -> None:
+    """The reply from a helper thread, which closes its own connection (or the test database could
+    not be dropped on PostgreSQL while it stays open)."""
+    try:
+        actions.reply_to_request(request_id=request_id, by=by, payload=payload)
+    finally:
+        connection.close()
+
+
 def test_stream_drop_and_resubscribe(web_server: WebServer, cast: Cast) -> None:
     """No worker needed: `slow` is an external agent, whose reply the test sends through the kernel."""
     slow = cast.agent_url(web_server.url, "slow")
@@ -116,9 +127,7 @@ def test_stream_drop_and_resubscribe(web_server: WebServer, cast: Cast) -> None:
         async for event in client.subscribe(pb.SubscribeToTaskRequest(id=task_id)):
             events.append(event)
             if len(events) == 1:  # resubscribed and given the task as it stands: now slow answers
-                await asyncio.to_thread(
-                    actions.reply_to_request, request_id=task_id, by=cast.slow.user, payload="Thought it over."
-                )
+                await asyncio.to_thread(reply_and_close, task_id, cast.slow.user, "Thought it over.")
         return events
 
     events = run(slow, cast.ext_token, resubscribe, streaming=True)
