@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ("sagas", "0004_collaborator_exposed"),
+        ("sagas", "0005_collaborator_exposed"),
     ]
 
     operations = [
