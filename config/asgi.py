@@ -9,12 +9,13 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app regi
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from gateways.a2a.asgi import with_gateway  # noqa: E402
 from gateways.mcp.http import mounted as with_mcp  # noqa: E402
 from journal.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": with_mcp(django_asgi_app),
+        "http": with_gateway(with_mcp(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "sagas",
     "agents",
     "gateways.mcp",
+    "gateways.a2a",
 ]
 
 MIDDLEWARE = [
@@ -328,3 +329,9 @@ AGORA_TEAM_MAX_TEAMMATES = int(os.environ.get("AGORA_TEAM_MAX_TEAMMATES", "8"))
 AGORA_TEAM_MAX_TOKENS = int(os.environ.get("AGORA_TEAM_MAX_TOKENS", "2000000"))
 AGORA_TEAM_IDLE_TIMEOUT_S = float(os.environ.get("AGORA_TEAM_IDLE_TIMEOUT_S", "3600"))
 AGORA_RUN_TOKENS = "agents.models.tokens_used"
+# The A2A gateway: which exposed agent the host's own /.well-known/agent-card.json describes
+# (`<saga id>/<agent name>`); unset, it is the instance's only exposed agent, if there is one.
+AGORA_A2A_HOST_AGENT = os.environ.get("AGORA_A2A_HOST_AGENT", "")
+# Whether A2A push notifications may go to loopback and private addresses (a local webhook);
+# off in production, where a client could otherwise make the workers call internal services.
+AGORA_A2A_PUSH_PRIVATE_URLS = env_bool("AGORA_A2A_PUSH_PRIVATE_URLS", DEBUG)

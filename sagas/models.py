@@ -94,6 +94,9 @@ class Collaborator(models.Model):
     runtime = models.CharField(max_length=8, choices=Runtime.choices, blank=True, default=Runtime.NONE)
     profile = models.CharField(max_length=64, blank=True, help_text="Agent profile name, for internal agents.")
     steering_seq = models.PositiveBigIntegerField(default=0, help_text="The last seq given to its steering.")
+    exposed = models.BooleanField(
+        default=False, help_text="Reachable by A2A clients through the gateway, with an agent card (set by a manager)."
+    )
     joined_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -2,6 +2,7 @@
 it in the same transaction, and rings doorbells only after commit. Callers import from here."""
 
 from sagas.actions.collaborators import add_agent, add_human, find_collaborator
+from sagas.actions.exposure import set_exposed
 from sagas.actions.human_forms import answer_human_request, ask_human, visible_human_request
 from sagas.actions.lifecycle import create_saga
 from sagas.actions.locking import saga_transaction
@@ -77,6 +78,7 @@ __all__ = [
     "roster",
     "rotate_agent_token",
     "saga_transaction",
+    "set_exposed",
     "set_external_status",
     "shut_down_idle",
     "shutdown_team",

@@ -139,6 +139,15 @@ class SteerOutput(Shape):
     seq = serializers.IntegerField(help_text="Its place in the agent's steering.")
 
 
+class ExposureInput(Shape):
+    exposed = serializers.BooleanField(help_text="Whether A2A clients may reach this agent (it gets an agent card).")
+
+
+class ExposureOutput(Shape):
+    id = serializers.CharField()
+    exposed = serializers.BooleanField()
+
+
 # --- requests between agents ---------------------------------------------------------------------
 
 

@@ -17,6 +17,11 @@ urlpatterns = [
         tokens.CollaboratorTokenApi.as_view(),
         name="api-collaborator-token",
     ),
+    path(
+        "sagas/<uuid:saga_id>/collaborators/<str:cid>/exposure/",
+        views.CollaboratorExposureApi.as_view(),
+        name="api-collaborator-exposure",
+    ),
     path("sagas/<uuid:saga_id>/requests/", waiting_view(views.AgentRequestCreateApi), name="api-requests"),
     path("sagas/<uuid:saga_id>/human-requests/", views.HumanRequestCreateApi.as_view(), name="api-human-requests"),
     path("sagas/<uuid:saga_id>/teams/<str:lead>/", teams.TeamDetailApi.as_view(), name="api-team"),

@@ -214,6 +214,20 @@ class CollaboratorSteerApi(ApiView):
         return Response(s.SteerOutput({"to": to.handle, "seq": item.seq}).data, status=201)
 
 
+class CollaboratorExposureApi(ApiView):
+    @extend_schema(
+        operation_id="collaborators_expose",
+        request=s.ExposureInput,
+        responses={200: s.ExposureOutput, **problems(400, 401, 403, 404)},
+    )
+    def post(self, request: Request, saga_id: UUID, cid: str) -> Response:
+        """A manager exposes an agent to A2A clients (`/a2a/<saga>/<agent>/`), or withdraws it."""
+        saga = visible_saga(principal(request), saga_id)
+        exposed = valid(s.ExposureInput, request.data)["exposed"]
+        agent = actions.set_exposed(saga=saga, handle=cid, exposed=exposed, by=principal(request))
+        return Response(s.ExposureOutput({"id": agent.handle, "exposed": agent.exposed}).data)
+
+
 # --- requests between agents ---------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from agents.actions import load_profiles
+from agents.management.commands.seed_demo import A2A_TITLE, DEMO_TITLE
 from agents.models import Prompt, TranscriptEntry
 from journal.models import JournalEvent
 from sagas import actions
@@ -123,7 +124,7 @@ def test_a_token_budget_stops_a_run(worker: CeleryWorker, fake_llm: FakeLLM, add
 def test_the_demo_saga_plays_out_with_the_scripted_agents(worker: CeleryWorker, transactional_db: Any) -> None:
     demo = User.objects.create_user("demo", password="demo-password", is_staff=True, is_superuser=True)
     call_command("seed_demo")
-    saga = Saga.objects.get(owner=demo)
+    saga = Saga.objects.get(owner=demo, title=DEMO_TITLE)
 
     form = wait_until(lambda: HumanRequest.objects.filter(saga=saga).first(), timeout=30, what="the demo's question")
     writer = Collaborator.objects.get(saga=saga, name="docs-writer")
@@ -151,4 +152,6 @@ def test_the_demo_saga_plays_out_with_the_scripted_agents(worker: CeleryWorker, 
     assert {"worker_start", "llm_call", "request.created", "request.completed", "human_request.created"} <= types
 
     call_command("seed_demo")  # a second `make run` adds nothing
-    assert Saga.objects.filter(owner=demo).count() == 1 and Prompt.objects.count() == 1
+    assert Saga.objects.filter(owner=demo).count() == 2  # this one and "Demo: A2A", with its exposed echo agent
+    assert Prompt.objects.count() == 1
+    assert Collaborator.objects.get(saga__title=A2A_TITLE, name="echo").exposed

@@ -2,17 +2,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from accounts.models import User
 from agents.orchestrator.actions import submit_prompt
-from sagas.actions import add_agent, create_saga
+from sagas.actions import add_agent, create_saga, set_exposed
 from sagas.models import Saga
 
 DEMO_TITLE = "Demo: API v2 migration"
 DEFAULT_PROFILES = Path(__file__).resolve().parents[2] / "profiles" / "default.json"
+A2A_TITLE = "Demo: A2A"
 BRAIN_PROFILES = Path(__file__).resolve().parents[2] / "profiles" / "brain.json"
 DEFAULT_BRAINS = Path(__file__).resolve().parents[2] / "brains" / "default.json"
 DEMO_PROMPT = "Migrate GET /v2/orders from page numbers to cursor pagination, with tests and a changelog entry."
@@ -33,6 +35,7 @@ class Command(BaseCommand):
         call_command("load_profiles", str(BRAIN_PROFILES), stdout=self.stdout)
         call_command("load_brains", str(DEFAULT_BRAINS), stdout=self.stdout)
         owner = User.objects.get(username=os.environ.get("DJANGO_SUPERUSER_USERNAME", "demo"))
+        self.seed_a2a(owner)
         if Saga.objects.filter(title=DEMO_TITLE, owner=owner).exists():
             return
         # One transaction: every agent exists before any of their first turns runs.
@@ -43,3 +46,23 @@ class Command(BaseCommand):
             # One orchestration on scripted playbooks: three workers, a primary and a review.
             submit_prompt(saga=saga, by=owner, text=DEMO_PROMPT, idempotency_key="demo")
         self.stdout.write(f"Demo saga {saga.pk} created.")
+
+    def seed_a2a(self, owner: User) -> None:
+        """A saga with one scripted agent exposed over A2A, and the token of an external agent of
+        that saga for A2A clients (kept in the data dir: a token is shown only once)."""
+        token_path = settings.DATA_DIR / "a2a_demo_token"
+        saga = Saga.objects.filter(title=A2A_TITLE, owner=owner).first()
+        if saga is None or not token_path.exists():
+            with transaction.atomic():
+                saga = create_saga(title=A2A_TITLE, goal="Answer A2A clients.", owner=owner)
+                add_agent(saga=saga, name="echo", role="Echo", task="Reply with what you were sent.",
+                          runtime="internal", profile="responder", resumable=True, by=owner)  # fmt: skip
+                set_exposed(saga=saga, handle="agent:echo", exposed=True, by=owner)
+                _, token = add_agent(saga=saga, name="a2a-client", role="A2A client", task="Call the echo agent.",
+                                     runtime="external", by=owner)  # fmt: skip
+            token_path.write_text(f"{token}\n")
+            token_path.chmod(0o600)
+        base = f"http://{os.environ.get('WEB_HOST', '127.0.0.1')}:{os.environ.get('WEB_PORT', '8000')}"
+        self.stdout.write(
+            f"A2A agent: {base}/a2a/{saga.pk}/echo/ (card at .well-known/agent-card.json), token in {token_path}"
+        )

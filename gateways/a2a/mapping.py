@@ -1,0 +1,139 @@
+"""The A2A task IS the kernel's AgentRequest: how one is read as the other.
+
+An A2A message becomes the request's payload (its parts in their JSON form, with the message and
+context ids), the request's status becomes the task's state, and the reply becomes the task's one
+artifact. Nothing here writes: the handler calls the kernel's actions.
+"""
+
+from typing import Any
+
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.errors import ContentTypeNotSupportedError, InvalidParamsError
+from google.protobuf.json_format import MessageToDict, ParseDict
+
+from sagas.models import AgentRequest
+
+REQUEST_TYPE = "a2a.message"
+Status = AgentRequest.Status
+
+STATES: dict[str, int] = {
+    Status.PENDING: pb.TASK_STATE_SUBMITTED,
+    Status.DELIVERED: pb.TASK_STATE_WORKING,
+    Status.COMPLETED: pb.TASK_STATE_COMPLETED,
+    Status.FAILED: pb.TASK_STATE_FAILED,
+    Status.CANCELLED: pb.TASK_STATE_CANCELED,
+    Status.EXPIRED: pb.TASK_STATE_FAILED,
+    Status.RECIPIENT_UNAVAILABLE: pb.TASK_STATE_FAILED,
+}
+# A request the recipient turned down with this error code is a rejected task, not a failed one.
+REFUSED = "refused"
+TERMINAL = frozenset({pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED, pb.TASK_STATE_CANCELED, pb.TASK_STATE_REJECTED})
+
+# The request statuses a `status` filter of ListTasks stands for.
+STATUSES_OF_STATE: dict[int, list[str]] = {}
+for _status, _state in STATES.items():
+    STATUSES_OF_STATE.setdefault(_state, []).append(_status)
+
+
+def payload_of(message: pb.Message, *, context_id: str) -> dict[str, Any]:
+    """The request payload for an inbound message: text and data parts only."""
+    if not message.message_id:
+        raise InvalidParamsError(message="message.messageId is required.")
+    if not message.parts:
+        raise InvalidParamsError(message="A message needs at least one part.")
+    parts = []
+    for part in message.parts:
+        kind = part.WhichOneof("content")
+        if kind not in ("text", "data"):
+            raise ContentTypeNotSupportedError(message=f"This agent accepts text and data parts, not {kind}.")
+        parts.append(MessageToDict(part))
+    return {"parts": parts, "message_id": message.message_id, "context_id": context_id}
+
+
+def state_of(request: AgentRequest) -> int:
+    if request.status == Status.FAILED and (request.error or {}).get("code") == REFUSED:
+        return pb.TASK_STATE_REJECTED
+    return STATES[request.status]
+
+
+def reply_parts(reply: Any) -> list[dict[str, Any]]:
+    """An agent's reply as parts: its own parts when it wrote A2A parts, else text or data."""
+    if isinstance(reply, dict) and isinstance(reply.get("parts"), list):
+        return [part for part in reply["parts"] if isinstance(part, dict)]
+    if isinstance(reply, str):
+        return [{"text": reply}]
+    return [{"data": reply}]
+
+
+def user_message(request: AgentRequest) -> dict[str, Any]:
+    payload = request.payload if isinstance(request.payload, dict) else {}
+    return {
+        "messageId": str(payload.get("message_id", request.pk)),
+        "contextId": context_of(request),
+        "taskId": request.pk,
+        "role": "ROLE_USER",
+        "parts": payload.get("parts", [{"data": request.payload}]),
+    }
+
+
+def context_of(request: AgentRequest) -> str:
+    payload = request.payload if isinstance(request.payload, dict) else {}
+    return str(payload.get("context_id", ""))
+
+
+def status_message(request: AgentRequest) -> dict[str, Any] | None:
+    """Why a task ended without a reply, as an agent message."""
+    if request.status == Status.COMPLETED or request.is_open:
+        return None
+    error = request.error or {}
+    text = error.get("message") or error.get("code") or request.status.replace("_", " ")
+    return {
+        "messageId": f"{request.pk}-status",
+        "contextId": context_of(request),
+        "taskId": request.pk,
+        "role": "ROLE_AGENT",
+        "parts": [{"text": str(text)}],
+        "metadata": {"status": request.status, **({"code": error["code"]} if "code" in error else {})},
+    }
+
+
+def status_of(request: AgentRequest) -> dict[str, Any]:
+    state = pb.TaskState.Name(state_of(request))
+    status: dict[str, Any] = {"state": state, "timestamp": request.updated_at.isoformat()}
+    if (message := status_message(request)) is not None:
+        status["message"] = message
+    return status
+
+
+def artifact_of(request: AgentRequest) -> dict[str, Any]:
+    return {"artifactId": f"{request.pk}-reply", "name": "reply", "parts": reply_parts(request.reply)}
+
+
+def task_of(request: AgentRequest, *, history_length: int | None = None, artifacts: bool = True) -> pb.Task:
+    """The task a request is, for its sender."""
+    history = [user_message(request)]
+    if history_length is not None:
+        history = history[-history_length:] if history_length > 0 else []
+    body: dict[str, Any] = {
+        "id": request.pk,
+        "contextId": context_of(request),
+        "status": status_of(request),
+        "history": history,
+    }
+    if artifacts and request.status == Status.COMPLETED:
+        body["artifacts"] = [artifact_of(request)]
+    return ParseDict(body, pb.Task())
+
+
+def status_event(request: AgentRequest) -> pb.TaskStatusUpdateEvent:
+    return ParseDict(
+        {"taskId": request.pk, "contextId": context_of(request), "status": status_of(request)},
+        pb.TaskStatusUpdateEvent(),
+    )
+
+
+def artifact_event(request: AgentRequest) -> pb.TaskArtifactUpdateEvent:
+    return ParseDict(
+        {"taskId": request.pk, "contextId": context_of(request), "artifact": artifact_of(request), "lastChunk": True},
+        pb.TaskArtifactUpdateEvent(),
+    )

@@ -1,0 +1,62 @@
+"""The gateway's Celery task: push a task's state to a client's webhook (thin: the steps are in push)."""
+
+import logging
+
+import httpx
+from a2a.types import a2a_pb2 as pb
+from a2a.utils.push_url_validator import validate_push_notification_url
+from asgiref.sync import async_to_sync
+from celery import shared_task
+from django.conf import settings
+from google.protobuf.json_format import MessageToDict
+
+from gateways.a2a import mapping, push
+from gateways.a2a.models import PushConfig
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name=push.PUSH_TASK, ignore_result=True)
+def push_task(config_pk: int, quiet: int = 0) -> None:
+    config = PushConfig.objects.select_related("request").filter(pk=config_pk).first()
+    if config is None:
+        return  # deleted, or its task is gone
+    request = config.request
+    state = pb.TaskState.Name(mapping.state_of(request))
+    final = mapping.state_of(request) in mapping.TERMINAL
+    if state == config.pushed_state:
+        if not final:  # nothing new yet: look again, less often the longer it stays so
+            push_task_later(config_pk, quiet + 1)
+        return
+    error = deliver(config, mapping.task_of(request))
+    if error is None:
+        push.record_pushed(config_pk, seen=config.pushed_state, state=state)
+        if not final:
+            push_task_later(config_pk, 0)
+        return
+    failures = push.record_failure(config_pk, error=error)
+    logger.info("push to %s for %s failed (%s): %s", config.url, request.pk, failures, error)
+    if failures < push.MAX_FAILURES:
+        push_task.apply_async(args=(config_pk,), countdown=push.backoff(failures).total_seconds())
+
+
+def push_task_later(config_pk: int, quiet: int) -> None:
+    delay = push.OPEN_POLL_S[min(quiet, len(push.OPEN_POLL_S) - 1)]
+    push_task.apply_async(args=(config_pk, quiet), countdown=delay)
+
+
+def deliver(config: PushConfig, task: pb.Task) -> str | None:
+    """POST the task to the webhook, outside any transaction; None when it took it."""
+    if not settings.AGORA_A2A_PUSH_PRIVATE_URLS and not async_to_sync(validate_push_notification_url)(config.url):
+        return "The webhook's address is not a public one."
+    headers = {}
+    if config.token:
+        headers["X-A2A-Notification-Token"] = config.token
+    if config.auth_scheme and config.auth_credentials:
+        headers["Authorization"] = f"{config.auth_scheme} {config.auth_credentials}"
+    try:
+        response = httpx.post(config.url, json=MessageToDict(pb.StreamResponse(task=task)), headers=headers, timeout=5)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
