@@ -1,15 +1,24 @@
 """How many HTTP waits (an `ask_agent` in `wait` mode, a steering long-poll) an agent and a saga
 have in progress, whichever gateway holds them (the REST API, MCP): each holds a Redis connection
 until it ends. Counted in Redis sorted sets with a lapse time, so that a dead web process cannot
-leak slots."""
+leak slots.
 
+Every such wait, whichever gateway holds it, listens on a `Doorbell` (a Redis subscription to a
+kernel wake-up channel, `sagas.wakeups`) and re-reads the database between rings holding no
+database connection (`release_connections`)."""
+
+import asyncio
 import logging
 import time
 import uuid
 from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 from django.conf import settings
+from django.db import connections
 from redis.exceptions import RedisError
 
 from sagas import errors
@@ -84,3 +93,57 @@ def hold_wait(collaborator: Collaborator) -> WaitSlot:
         who = collaborator.handle if full == 1 else "this saga"
         raise errors.TooManyWaits(f"{who} already has {caps[full - 1]} waits in progress.", limit=caps[full - 1])
     return slot
+
+
+def release_connections() -> None:
+    """Close this thread's database connections, so that a waiting call holds none.
+
+    A connection inside a transaction is left alone: that only happens under the test client,
+    whose test case wraps everything in one. (Under ASGI each request's sync code runs in a thread
+    of its own, so a connection kept open here would not be reused by anyone anyway.)
+    """
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close()
+
+
+class Doorbell:
+    """A Redis subscription to one wake-up channel; without Redis it degrades to plain re-checks.
+
+    One connection per waiting call keeps it simple and isolated; Redis handles many thousands.
+    """
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.client: aioredis.Redis | None = None
+        self.pubsub: Any = None
+
+    async def __aenter__(self) -> "Doorbell":
+        try:
+            self.client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)
+            self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            await self.pubsub.subscribe(self.channel)
+        except (RedisError, OSError) as exc:
+            logger.warning("cannot subscribe to %s, polling the database instead: %s", self.channel, exc)
+            self.pubsub = None
+        return self
+
+    async def ring_or_timeout(self, timeout: float) -> None:
+        """Return when the channel rings or after timeout seconds, whichever comes first."""
+        if self.pubsub is not None:
+            try:
+                await self.pubsub.get_message(timeout=timeout)
+                return
+            except (RedisError, OSError) as exc:
+                logger.warning("lost the subscription to %s, polling the database instead: %s", self.channel, exc)
+                self.pubsub = None
+        await asyncio.sleep(timeout)
+
+    async def __aexit__(self, *exc_info: type[BaseException] | BaseException | TracebackType | None) -> None:
+        try:
+            if self.pubsub is not None:
+                await self.pubsub.aclose()
+            if self.client is not None:
+                await self.client.aclose()
+        except (RedisError, OSError) as exc:
+            logger.info("closing the subscription to %s: %s", self.channel, exc)

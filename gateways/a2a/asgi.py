@@ -25,8 +25,8 @@ from starlette.routing import Route
 from accounts.authentication import authenticate_key
 from gateways.a2a.cards import card_dict, exposed_agent, host_agent
 from gateways.a2a.handler import CALLER, Caller, KernelRequestHandler
-from gateways.a2a.waiting import release_connections
 from sagas.models import Collaborator
+from sagas.waits import release_connections
 
 PROBLEM = "application/problem+json"
 WELL_KNOWN = AGENT_CARD_WELL_KNOWN_PATH

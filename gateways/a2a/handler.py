@@ -35,10 +35,10 @@ from django.utils import timezone
 
 from gateways.a2a import mapping, push
 from gateways.a2a.mapping import TERMINAL, task_of
-from gateways.a2a.waiting import Doorbell, release_connections
 from journal.models import JournalEvent
 from sagas import actions, errors
 from sagas.models import AgentRequest, Collaborator
+from sagas.waits import Doorbell, release_connections
 from sagas.wakeups import request_channel
 
 T = TypeVar("T")

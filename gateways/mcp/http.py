@@ -20,8 +20,9 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from gateways.mcp import operations
-from gateways.mcp.server import build_server, release_connections
+from gateways.mcp.server import build_server
 from sagas import errors
+from sagas.waits import release_connections
 
 MCP_PATH = "/mcp"
 KEYWORDS = ("bearer", "token")  # as the REST API accepts them

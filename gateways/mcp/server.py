@@ -8,24 +8,20 @@ synchronous) and holds no database connection while a tool waits: `ask_agent(mod
 the database on every ring and every `RECHECK_S` anyway, so a lost ring only delays an answer.
 """
 
-import asyncio
 import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar
 
-import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
-from django.conf import settings
-from django.db import connections
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field
-from redis.exceptions import RedisError
 
 from gateways.mcp import operations as ops
 from sagas import errors
+from sagas.waits import Doorbell, release_connections
 from sagas.wakeups import request_channel, steering_channel
 
 logger = logging.getLogger(__name__)
@@ -42,13 +38,6 @@ INSTRUCTIONS = (
     "read_steering (pass the returned cursor as `after` next time, which acknowledges what you read); "
     "answer a request with reply; ask_human sends a form to a person; call finish when you are done."
 )
-
-
-def release_connections() -> None:
-    """Close this thread's database connections between calls, so a waiting tool holds none."""
-    for conn in connections.all(initialized_only=True):
-        if not conn.in_atomic_block:
-            conn.close()
 
 
 async def kernel(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -75,45 +64,6 @@ def failure(exc: errors.KernelError) -> CallToolResult:
         structured_content=data,
         is_error=True,
     )
-
-
-class Doorbell:
-    """A Redis subscription to one wake-up channel; without Redis, plain re-checks. (The REST API's
-    own is in its web layer, which a gateway does not import.)"""
-
-    def __init__(self, channel: str) -> None:
-        self.channel = channel
-        self.client: aioredis.Redis | None = None
-        self.pubsub: Any = None
-
-    async def __aenter__(self) -> "Doorbell":
-        try:
-            self.client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)
-            self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            await self.pubsub.subscribe(self.channel)
-        except (RedisError, OSError) as exc:
-            logger.warning("cannot subscribe to %s, polling the database instead: %s", self.channel, exc)
-            self.pubsub = None
-        return self
-
-    async def ring_or_timeout(self, timeout: float) -> None:
-        if self.pubsub is not None:
-            try:
-                await self.pubsub.get_message(timeout=timeout)
-                return
-            except (RedisError, OSError) as exc:
-                logger.warning("lost the subscription to %s: %s", self.channel, exc)
-                self.pubsub = None
-        await asyncio.sleep(timeout)
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        try:
-            if self.pubsub is not None:
-                await self.pubsub.aclose()
-            if self.client is not None:
-                await self.client.aclose()
-        except (RedisError, OSError) as exc:
-            logger.info("closing the subscription to %s: %s", self.channel, exc)
 
 
 async def wait_for_reply(request_id: str) -> dict[str, Any]:

@@ -9,25 +9,19 @@ it holds no transaction, no database connection and no busy thread: only the cli
 Redis subscription.
 """
 
-import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
-from types import TracebackType
 from typing import Any
 
-import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
-from django.conf import settings
-from django.db import connections
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
-from redis.exceptions import RedisError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import ApiToken
-from sagas.waits import WaitSlot
+from sagas.waits import Doorbell, WaitSlot, release_connections
 
 logger = logging.getLogger(__name__)
 
@@ -61,65 +55,11 @@ class WaitingResponse(Response):
         self.wait = wait
 
 
-def release_connections() -> None:
-    """Close this thread's database connections, so that a waiting call holds none.
-
-    A connection inside a transaction is left alone: that only happens under the test client,
-    whose test case wraps everything in one. (Under ASGI each request's sync code runs in a thread
-    of its own, so a connection kept open here would not be reused by anyone anyway.)
-    """
-    for conn in connections.all(initialized_only=True):
-        if not conn.in_atomic_block:
-            conn.close()
-
-
 def checked(check: Check) -> Done | float:
     try:
         return check()
     finally:
         release_connections()
-
-
-class Doorbell:
-    """A Redis subscription to one wake-up channel; without Redis it degrades to plain re-checks.
-
-    One connection per waiting call keeps it simple and isolated; Redis handles many thousands.
-    """
-
-    def __init__(self, channel: str) -> None:
-        self.channel = channel
-        self.client: aioredis.Redis | None = None
-        self.pubsub: Any = None
-
-    async def __aenter__(self) -> "Doorbell":
-        try:
-            self.client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)
-            self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            await self.pubsub.subscribe(self.channel)
-        except (RedisError, OSError) as exc:
-            logger.warning("cannot subscribe to %s, polling the database instead: %s", self.channel, exc)
-            self.pubsub = None
-        return self
-
-    async def ring_or_timeout(self, timeout: float) -> None:
-        """Return when the channel rings or after timeout seconds, whichever comes first."""
-        if self.pubsub is not None:
-            try:
-                await self.pubsub.get_message(timeout=timeout)
-                return
-            except (RedisError, OSError) as exc:
-                logger.warning("lost the subscription to %s, polling the database instead: %s", self.channel, exc)
-                self.pubsub = None
-        await asyncio.sleep(timeout)
-
-    async def __aexit__(self, *exc_info: type[BaseException] | BaseException | TracebackType | None) -> None:
-        try:
-            if self.pubsub is not None:
-                await self.pubsub.aclose()
-            if self.client is not None:
-                await self.client.aclose()
-        except (RedisError, OSError) as exc:
-            logger.info("closing the subscription to %s: %s", self.channel, exc)
 
 
 async def wait_until_done(wait: Wait) -> Done:
