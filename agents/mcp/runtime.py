@@ -94,6 +94,18 @@ def connection_report(run_id: str, servers: list[str]) -> dict[str, dict[str, An
     return connect_servers(run_id, servers)[0]
 
 
+def check_servers(key: str, servers: list[str]) -> dict[str, dict[str, Any]]:
+    """Connect to each server under `key`, report, and close again: a check made before a run whose
+    turns will connect on whichever worker runs them (no pool is started for no server)."""
+    if not servers:
+        return {}
+    try:
+        return connection_report(key, servers)
+    finally:
+        if open_for(key):
+            pool().close_run(key)
+
+
 def content_of(result: CallToolResult) -> Any:
     """What the model sees of a result: its structured content, else its text, else its blocks."""
     if result.structured_content is not None:

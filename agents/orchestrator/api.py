@@ -56,6 +56,10 @@ class PromptOutput(serializers.Serializer):
     team = serializers.ListField(child=serializers.CharField())
     plan = serializers.JSONField(allow_null=True, help_text="{primary_role, workers, requires_review, reason, source}")
     results = serializers.JSONField(help_text="Each support worker's WorkerResult, with its role and goal.")
+    mcp = serializers.JSONField(
+        help_text='The primary\'s MCP servers: {server: {"status": "connected", "tools": [...]} '
+        'or {"status": "failed", "reason": ..., "tools": []}}.'
+    )
     answer = serializers.CharField(allow_blank=True, help_text="The primary's answer.")
     review = serializers.JSONField(allow_null=True)
     final_answer = serializers.CharField(allow_blank=True)

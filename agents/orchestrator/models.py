@@ -74,6 +74,9 @@ class Prompt(models.Model):
         help_text="Who routes holds this lease: a doorbell meanwhile does not ask the router again.",
     )
     results = models.JSONField(default=list, blank=True, help_text="Each support worker's WorkerResult.")
+    mcp = models.JSONField(
+        default=dict, blank=True, help_text="The primary's MCP servers, connected before it ran: tools or why not."
+    )
     answer = models.TextField(blank=True, help_text="The primary's answer (or the team's, side by side).")
     review = models.JSONField(null=True, blank=True)
     final_answer = models.TextField(blank=True, help_text="The answer with the review merged in.")
@@ -127,6 +130,7 @@ class Prompt(models.Model):
             "team": self.team,
             "plan": self.plan,
             "results": self.results,
+            "mcp": self.mcp,
             "answer": self.answer,
             "review": self.review,
             "final_answer": self.final_answer,

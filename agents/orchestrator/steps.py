@@ -20,7 +20,8 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from agents.models import TranscriptEntry
+from agents.mcp import runtime as mcp
+from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator import handoffs, plans, router
 from agents.orchestrator.models import Prompt
 from journal.actions import record
@@ -96,6 +97,8 @@ def workers(prompt: Prompt) -> bool:
         )
         for w, o in done
     ]
+    # Outside any transaction: connecting may start a server process or wait on a remote one.
+    servers = {} if prompt.is_team else primary_mcp(prompt)
     with actions.saga_transaction(prompt.saga):
         if prompt.is_team:
             answer = handoffs.team_answer(results)
@@ -107,10 +110,12 @@ def workers(prompt: Prompt) -> bool:
             settle(prompt, [o for _, o in done])
             conclude(prompt, Prompt.Status.COMPLETED)
             return True
-        if not move(prompt, Step.WORKERS, Step.PRIMARY, results=results):
+        if not move(prompt, Step.WORKERS, Step.PRIMARY, results=results, mcp=servers):
             return False
         settle(prompt, [o for _, o in done])
         role = plan["primary_role"]
+        if servers:
+            journal(prompt, "mcp_connect", {"role": role, "servers": servers})
         start(prompt, "primary", role=role, task=handoffs.primary_task(prompt.text, results, role))
     return True
 
@@ -164,6 +169,16 @@ def review(prompt: Prompt) -> bool:
         journal(prompt, "review.completed", {"review": verdict})
         conclude(prompt, status, reason=reason)
     return True
+
+
+def primary_mcp(prompt: Prompt) -> dict[str, dict[str, Any]]:
+    """The reference's step 5: the MCP servers of the primary role's profile, connected before the
+    primary runs, each with the tools offered or why it is not. The primary's own turns then
+    connect to them through the executor (the check's connections are closed at once: those turns
+    may run on another worker); a server that did not answer here is tried again by them."""
+    role = (prompt.plan or {}).get("primary_role", "")
+    profile = AgentProfile.objects.filter(name=prompt.brain.roles.get(role, "")).first()
+    return mcp.check_servers(f"prompt-{prompt.pk}", list(profile.mcp_servers) if profile else [])
 
 
 def claim_routing(prompt: Prompt) -> bool:
