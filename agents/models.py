@@ -58,3 +58,9 @@ class TranscriptEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} #{self.seq} {self.message.get('role')}"
+
+
+# Hook handlers and their stored results live in the hooks package; Django finds them through this one.
+from agents.hooks.models import HookHandler, HookResult  # noqa: E402
+
+__all__ = ["AgentProfile", "HookHandler", "HookResult", "TranscriptEntry", "profile_exists"]

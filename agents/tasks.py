@@ -7,3 +7,8 @@ from agents import executor
 def run_turn(run_id: str) -> None:
     """One turn of one internal run. Safe to deliver twice: the turn is claimed by compare-and-set."""
     executor.run_turn(run_id)
+
+
+from agents.hooks.tasks import run_hooks_task  # noqa: E402  (registered with the worker through this module)
+
+__all__ = ["run_hooks_task", "run_turn"]

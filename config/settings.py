@@ -227,3 +227,8 @@ AGORA_TURN_SLICE_S = float(os.environ.get("AGORA_TURN_SLICE_S", "0.1"))
 AGORA_PROFILE_EXISTS = "agents.models.profile_exists"
 AGORA_RERING_S = float(os.environ.get("AGORA_RERING_S", "15"))
 AGORA_PLAYBOOK_DIRS = env_list("AGORA_PLAYBOOK_DIRS", "")
+# Hook handlers run processes, HTTP calls and code for as long as their timeouts: only inside a
+# Celery task. Unit tests that call `run_hooks` directly turn this on (agents.hooks.runner).
+AGORA_HOOKS_INLINE = env_bool("AGORA_HOOKS_INLINE", False)
+# Artifacts: the largest one a saga may hold (uploads over it are refused with payload_too_large).
+AGORA_MAX_ARTIFACT_BYTES = int(os.environ.get("AGORA_MAX_ARTIFACT_BYTES", str(5 * 1024 * 1024)))
