@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 from accounts.models import User
 from sagas import actions, dashboard, errors
 from sagas.access import collaborator_for, may_manage
-from sagas.models import Collaborator, Saga
+from sagas.models import Artifact, Collaborator, Saga
 
 FormErrors = dict[str, list[str]]
 RUNTIMES = [
@@ -119,6 +119,7 @@ def render_saga(
         "event_count": saga.journal_events.count(),
         "runtimes": RUNTIMES,
         "forms": forms or {},
+        "artifacts": Artifact.objects.listing(saga),
     }
     for part in PARTS.values():
         context.update(part(request, saga))
