@@ -187,5 +187,7 @@ def store(
 def stored_outcome(*, saga_id: UUID | str, event: Event | str, key: str) -> HookOutcome:
     """The outcomes stored so far under a key, for a caller that rang `run_hooks_task` and reads
     the result later."""
-    results = list(HookResult.objects.filter(saga_id=saga_id, key=key).order_by("handler"))
-    return HookOutcome(event=Event(event), key=key, results=results)
+    results = HookResult.objects.filter(saga_id=saga_id, key=key)
+    # run_hooks' order: global handlers, then the brain's (`brain/name`), each by name.
+    ordered = sorted(results, key=lambda r: ("/" in r.handler, r.handler))
+    return HookOutcome(event=Event(event), key=key, results=ordered)
