@@ -35,12 +35,10 @@ class Raw:
 
 def run_handler(handler: HookHandler, event_json: str) -> Raw:
     started = time.monotonic()
-    if handler.type == HookHandler.Type.COMMAND:
-        raw = run_command(handler.argv, event_json, handler.timeout_s)
-    elif handler.type == HookHandler.Type.WEBHOOK:
-        raw = post_webhook(handler.url, event_json, handler.timeout_s)
-    else:
-        raw = call_python(handler.callable, event_json)
+    try:
+        raw = run_any(handler, event_json)
+    except Exception as exc:  # noqa: BLE001 - whatever goes wrong in a handler's thread is its outcome
+        raw = Raw(error=f"{type(exc).__name__}: {exc}")
     return Raw(
         output=raw.output[:MAX_OUTPUT_CHARS],
         value=raw.value,
@@ -48,6 +46,14 @@ def run_handler(handler: HookHandler, event_json: str) -> Raw:
         timed_out=raw.timed_out,
         duration_ms=round((time.monotonic() - started) * 1000),
     )
+
+
+def run_any(handler: HookHandler, event_json: str) -> Raw:
+    if handler.type == HookHandler.Type.COMMAND:
+        return run_command(handler.argv, event_json, handler.timeout_s)
+    if handler.type == HookHandler.Type.WEBHOOK:
+        return post_webhook(handler.url, event_json, handler.timeout_s)
+    return call_python(handler.callable, event_json)
 
 
 def run_command(argv: list[str], event_json: str, timeout_s: float) -> Raw:
@@ -58,7 +64,8 @@ def run_command(argv: list[str], event_json: str, timeout_s: float) -> Raw:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            text=True,
+            encoding="utf-8",
+            errors="replace",  # a stray byte is not worth losing the rest of what it said
         )
     except OSError as exc:
         return Raw(error=f"could not start: {exc}")

@@ -2,6 +2,7 @@
 test_hooks_worker.py runs them in real Celery workers, including across a crash."""
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -292,3 +293,13 @@ def test_hooks_refuse_to_run_outside_a_celery_task(saga: Saga, settings: LazySet
     with pytest.raises(HooksOutsideWorker):
         run(saga, Event.SESSION_START)
     assert not count.exists()
+
+
+def test_output_that_is_not_utf8_keeps_what_can_be_read(saga: Saga) -> None:
+    entry = {
+        **command("bytes", "SessionStart"),
+        "argv": [sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'ok \\xff')"],
+    }
+    load_hooks(entries=[entry])
+
+    assert run(saga, Event.SESSION_START).context == "ok \ufffd"
