@@ -50,6 +50,22 @@ def image_artifacts(*, text: str, saga: Saga) -> list[Artifact]:
     return [a for a in Artifact.objects.filter(saga=saga, name__in=names).order_by("name") if a.is_image]
 
 
+def artifact_refs(*, saga: Saga, names: list[str]) -> list[dict[str, Any]]:
+    """What a WorkerResult's `artifacts` holds for the artifacts a worker names: a reference to
+    each (never its content), or one `invalid_payload` naming those the saga does not have."""
+    wanted = unique([n for n in names if isinstance(n, str)])
+    found = {a.name: a for a in Artifact.objects.listing(saga).filter(name__in=wanted)}
+    if unknown := [n for n in wanted if n not in found]:
+        raise errors.InvalidPayload(
+            f"Unknown artifacts in this saga: {', '.join(unknown)}.",
+            errors={"artifacts": [f"No artifact {n} in this saga." for n in unknown]},
+        )
+    return [
+        {"name": n, "content_type": found[n].content_type, "size": found[n].size, "sha256": found[n].sha256}
+        for n in wanted
+    ]
+
+
 def unique(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
 

@@ -70,6 +70,36 @@ def test_every_type_runs_in_a_worker_and_blocks_or_adds_context(
     assert sorted(d["handler"] for d in types) == ["cmd", "hook", "policy"]
 
 
+def test_each_event_in_a_worker(celery_worker: CeleryWorker, saga: Saga, bin_: Hookbin) -> None:
+    bin_.reply = (200, json.dumps({"decision": "block", "reason": "SubagentStop cannot block"}))
+    feedback = json.dumps({"additional_context": "Cite the changelog."})
+    load_hooks(
+        entries=[
+            command("start", "SessionStart", "--print", "Repo: agora."),
+            python("gate", "SubagentStart", "block", matcher="coder"),
+            webhook("stop-audit", "SubagentStop", bin_.url),
+            command("feedback", "Stop", "--print", feedback),
+        ]
+    )
+
+    for event, role in [(Event.SESSION_START, ""), (Event.SUBAGENT_START, "coder"), (Event.SUBAGENT_STOP, "coder"),
+                        (Event.STOP, "")]:  # fmt: skip
+        ring(saga, event, f"p1:{event.value}", role=role, payload={"prompt": "Go"})
+    keys = [f"p1:{e.value}" for e in (Event.SESSION_START, Event.SUBAGENT_START, Event.SUBAGENT_STOP, Event.STOP)]
+    wait_until(lambda: all(stored(saga, key, 1) for key in keys), timeout=60, what="every event's outcome")
+
+    def outcome(event: Event) -> tuple[bool, str, str]:
+        result = stored_outcome(saga_id=saga.pk, event=event, key=f"p1:{event.value}")
+        return result.blocked, result.reason, result.context
+
+    assert outcome(Event.SESSION_START) == (False, "", "Repo: agora.")
+    assert outcome(Event.SUBAGENT_START) == (True, "python policy refuses: Go", "")
+    assert outcome(Event.SUBAGENT_STOP) == (False, "", "")
+    assert outcome(Event.STOP) == (False, "", "Cite the changelog.")
+    journaled = set(JournalEvent.objects.filter(saga=saga, type__startswith="hook_").values_list("type", flat=True))
+    assert journaled == {"hook_session_start", "hook_subagent_start", "hook_subagent_stop", "hook_stop"}
+
+
 def test_a_worker_killed_mid_hook_does_not_run_a_finished_handler_again(
     redis_url: str, artifacts: Path, saga: Saga, tmp_path: Path
 ) -> None:

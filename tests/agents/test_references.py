@@ -7,7 +7,7 @@ import pytest
 from django.db import transaction
 
 from accounts.models import User
-from agents.references import expand_references, image_artifacts
+from agents.references import artifact_refs, expand_references, image_artifacts
 from journal.actions import record
 from sagas import actions, errors
 from sagas.models import Run, Saga
@@ -107,3 +107,14 @@ def test_unknown_artifacts_are_named_in_one_invalid_payload(saga: Saga, prior: S
 def test_text_without_references_is_unchanged(saga: Saga, alice: User) -> None:
     plain = "Mail ops@example.com about the @artifact: plan; a@@b is not a reference."
     assert expand_references(text=plain, saga=saga, user=alice) == (plain, False)
+
+
+def test_a_worker_result_references_artifacts_by_name(saga: Saga) -> None:
+    refs = artifact_refs(saga=saga, names=["spec.md", "screen.png", "spec.md"])
+
+    assert [(r["name"], r["content_type"], r["size"]) for r in refs] == [
+        ("spec.md", "text/markdown", 23),
+        ("screen.png", "image/png", 72),
+    ]
+    with pytest.raises(errors.InvalidPayload, match="Unknown artifacts in this saga: nope"):
+        artifact_refs(saga=saga, names=["spec.md", "nope"])
