@@ -4,7 +4,8 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from agents.models import AgentProfile, HookHandler, HookResult, TranscriptEntry
+from agents.hooks import admin as hooks_admin  # noqa: F401  (registers hook handlers and results)
+from agents.models import AgentProfile, TranscriptEntry
 
 
 @admin.register(AgentProfile)
@@ -39,32 +40,4 @@ class TranscriptEntryAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: TranscriptEntry | None = None) -> bool:
-        return False
-
-
-@admin.register(HookHandler)
-class HookHandlerAdmin(admin.ModelAdmin):
-    """Handlers are loaded from a file (`load_hooks`), which checks each one; here they are read."""
-
-    list_display = ("name", "brain", "event", "matcher", "type", "timeout_s", "updated_at")
-    list_filter = ("event", "type", "brain")
-    search_fields = ("name", "brain", "matcher")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: HookHandler | None = None) -> bool:
-        return False
-
-
-@admin.register(HookResult)
-class HookResultAdmin(admin.ModelAdmin):
-    list_display = ("key", "handler", "event", "status", "duration_ms", "created_at")
-    list_filter = ("event", "status")
-    search_fields = ("=key", "handler")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: HookResult | None = None) -> bool:
         return False
