@@ -1,6 +1,7 @@
 from typing import Any
 
 from django.contrib.auth import authenticate
+from django.utils.cache import add_never_cache_headers
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import permissions, serializers
@@ -59,7 +60,9 @@ class TokenCreateApi(APIView):
         # Agents never log in (their service users have no usable password; this holds even if one had).
         if user is None or getattr(user, "is_agent", True):
             return problem(400, "invalid_credentials", "Invalid credentials", "Unknown username or wrong password.")
-        return Response(TokenOutput({"token": issue_token(user=user)}).data)
+        response = Response(TokenOutput({"token": issue_token(user=user)}).data)
+        add_never_cache_headers(response)  # a token must stay out of every cache (no-store)
+        return response
 
 
 class TokenScheme(OpenApiAuthenticationExtension):

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from journal.models import JournalEvent
 from sagas import errors
+from sagas.access import JournalLens
 from sagas.models import ARTIFACT_NAME, Artifact, Run, Saga
 
 ARTIFACT_REF = re.compile(rf"(?<![\w@])@artifact:({ARTIFACT_NAME})")
@@ -39,7 +40,7 @@ def expand_references(*, text: str, saga: Saga, user: Any) -> Expansion:
             f"Unknown artifacts in this saga: {', '.join(unknown)}.",
             errors={"artifacts": [f"No artifact {n} in this saga." for n in unknown]},
         )
-    sections = [artifact_section(artifacts[n]) for n in names] + [saga_section(s) for s in prior]
+    sections = [artifact_section(artifacts[n]) for n in names] + [saga_section(s, user) for s in prior]
     expanded = "\n\n".join([text, *sections]) if sections else text
     return Expansion(text=expanded, needs_vision=any(a.is_image for a in artifacts.values()))
 
@@ -91,24 +92,29 @@ def artifact_section(artifact: Artifact) -> str:
     return f"{head}\n{cut(artifact.text, MAX_ARTIFACT_CHARS)}"
 
 
-def saga_section(prior: Saga) -> str:
-    """A prior saga in a few lines: its goal, its final answers and results, its last events."""
+def saga_section(prior: Saga, user: Any) -> str:
+    """A prior saga in a few lines: its goal, its final answers and results, its last events, as
+    much of them as `user` may see (DESIGN.md §4, the journal's one visibility rule)."""
+    lens = JournalLens(user, prior)
     lines = [f"--- @@{prior.pk}: {prior.title} ({prior.status}) ---", f"Goal: {prior.goal or '(none)'}"]
     events = JournalEvent.objects.filter(saga=prior)
-    answers = events.filter(type="prompt.completed").order_by("-seq")[:LAST_ANSWERS]
+    # Read a few times more than shown: some of the latest may be hidden from this reader.
+    answers = lens.visible(list(events.filter(type="prompt.completed").order_by("-seq")[: LAST_ANSWERS * 4]))
     if answers:
         lines.append("Final answers:")
-        lines += [f"- {cut(str(e.data.get('answer', '')), MAX_ITEM_CHARS)}" for e in reversed(answers)]
-    runs = (
-        Run.objects.filter(collaborator__saga=prior, status__in=Run.FINISHED)
+        lines += [f"- {cut(str(e.data.get('answer', '')), MAX_ITEM_CHARS)}" for e in reversed(answers[:LAST_ANSWERS])]
+    runs = [
+        run
+        for run in Run.objects.filter(collaborator__saga=prior, status__in=Run.FINISHED)
         .exclude(result=None)
         .select_related("collaborator")
         .order_by("updated_at")
-    )
+        if lens.everything or run.collaborator.handle in lens.seen
+    ]
     if runs:
         lines.append("Results:")
         lines += [f"- {r.collaborator.handle} ({r.status}): {cut(as_text(r.result), MAX_ITEM_CHARS)}" for r in runs]
-    last = list(events.order_by("-seq")[:LAST_EVENTS])
+    last = lens.visible(list(events.order_by("-seq")[: LAST_EVENTS * 4]))[:LAST_EVENTS]
     if last:
         lines.append("Last events:")
         lines += [f"- #{e.seq} {e.type} {e.actor} {cut(as_text(e.data), 200)}" for e in reversed(last)]

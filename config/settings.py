@@ -214,6 +214,16 @@ LOGGING = {
 AGORA_MAX_HOPS = int(os.environ.get("AGORA_MAX_HOPS", "8"))
 AGORA_MAX_PENDING_PER_SENDER = int(os.environ.get("AGORA_MAX_PENDING_PER_SENDER", "64"))
 AGORA_MAX_STEERING_BACKLOG = int(os.environ.get("AGORA_MAX_STEERING_BACKLOG", "1000"))
+# A saga's goal and a collaborator's task, in characters (a goal is a brief, not a document).
+AGORA_MAX_GOAL_CHARS = int(os.environ.get("AGORA_MAX_GOAL_CHARS", "20000"))
+# Budgets that would multiply without a cap (every other budget is per collaborator): delegates,
+# unanswered forms, and HTTP waits in progress (each holds a Redis connection).
+AGORA_MAX_DELEGATES_PER_AGENT = int(os.environ.get("AGORA_MAX_DELEGATES_PER_AGENT", "16"))
+AGORA_MAX_AGENTS_PER_SAGA = int(os.environ.get("AGORA_MAX_AGENTS_PER_SAGA", "200"))
+AGORA_MAX_OPEN_FORMS_PER_AGENT = int(os.environ.get("AGORA_MAX_OPEN_FORMS_PER_AGENT", "16"))
+AGORA_MAX_OPEN_FORMS_PER_SAGA = int(os.environ.get("AGORA_MAX_OPEN_FORMS_PER_SAGA", "200"))
+AGORA_MAX_WAITS_PER_AGENT = int(os.environ.get("AGORA_MAX_WAITS_PER_AGENT", "8"))
+AGORA_MAX_WAITS_PER_SAGA = int(os.environ.get("AGORA_MAX_WAITS_PER_SAGA", "128"))
 AGORA_DEFAULT_WAIT_S = float(os.environ.get("AGORA_DEFAULT_WAIT_S", "60"))
 AGORA_MAX_WAIT_S = float(os.environ.get("AGORA_MAX_WAIT_S", "300"))
 AGORA_REQUEST_TTL_S = float(os.environ.get("AGORA_REQUEST_TTL_S", str(24 * 3600)))

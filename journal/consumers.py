@@ -5,7 +5,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from accounts.authentication import authenticate_key, token_from_scope
-from journal.access import viewable_saga
+from config.params import InvalidParameter, integer_param
+from journal.access import EventFilter, reader_filter, viewable_saga
 from journal.actions import group_name
 from journal.models import JournalEvent
 
@@ -16,18 +17,22 @@ class JournalConsumer(AsyncJsonWebsocketConsumer):
     """`/ws/sagas/<id>/journal/?after=N`: replays the events after N from the database, then streams.
 
     The channel layer delivers at most once, so a live event that skips a seq makes the consumer
-    read the gap back from the database; the client sees every event once, in order.
+    read the gap back from the database; the client sees every event it may see once, in order.
+    Which events those are is the kernel's rule (`reader_filter`), applied here per batch, so that
+    the fan-out of an event to every socket stays the same cheap message for every reader.
     """
 
-    last_seq = 0
+    last_seq = 0  # the last seq read, shown to this reader or not
     group = ""
     saga_id: object = None
+    lens: EventFilter | None = None
 
     async def connect(self) -> None:
         saga_id = self.scope["url_route"]["kwargs"]["saga_id"]
+        query = {name: values[0] for name, values in parse_qs(self.scope["query_string"].decode()).items()}
         try:
-            self.last_seq = int(parse_qs(self.scope["query_string"].decode()).get("after", ["0"])[0])
-        except ValueError:
+            self.last_seq = integer_param(query, "after", default=0)
+        except InvalidParameter:
             await self.close(code=4400)
             return
         if not await database_sync_to_async(self.may_view)(saga_id):
@@ -47,8 +52,10 @@ class JournalConsumer(AsyncJsonWebsocketConsumer):
         if user is None:
             return False
         saga = viewable_saga(user, saga_id)
-        self.saga_id = saga.pk if saga else None
-        return saga is not None
+        if saga is None:
+            return False
+        self.saga_id, self.lens = saga.pk, reader_filter(user, saga)
+        return True
 
     async def disconnect(self, code: int) -> None:
         if self.group:
@@ -59,22 +66,34 @@ class JournalConsumer(AsyncJsonWebsocketConsumer):
 
     async def journal_events(self, message: dict[str, Any]) -> None:
         """Events of this saga, in seq order (several when they were committed close together)."""
-        for event in message["events"]:
-            if event["seq"] <= self.last_seq:
-                continue  # already sent by the replay
-            if event["seq"] > self.last_seq + 1:
-                await self.catch_up()  # a missed publish: read the gap from the database
-                continue
-            await self.send_event(event)
+        events = [event for event in message["events"] if event["seq"] > self.last_seq]  # else sent by the replay
+        if not events:
+            return
+        if [e["seq"] for e in events] != list(range(self.last_seq + 1, self.last_seq + 1 + len(events))):
+            await self.catch_up()  # a missed publish: read the gap from the database
+            return
+        await self.send_batch(events[-1]["seq"], await self.visible(events))
 
     async def catch_up(self) -> None:
-        while batch := await database_sync_to_async(self.events_after)(self.last_seq):
-            for event in batch:
-                await self.send_event(event)
+        while True:
+            last, batch = await database_sync_to_async(self.events_after)(self.last_seq)
+            if last is None:
+                return
+            await self.send_batch(last, batch)
 
-    def events_after(self, after: int) -> list[dict[str, Any]]:
-        return [e.as_dict() for e in JournalEvent.objects.for_saga(self.saga_id, after=after)[:REPLAY_BATCH]]
+    def events_after(self, after: int) -> tuple[int | None, list[dict[str, Any]]]:
+        """(the last seq read, or None at the end; the events of those the reader may see)."""
+        assert self.lens is not None
+        rows = list(JournalEvent.objects.for_saga(self.saga_id, after=after)[:REPLAY_BATCH])
+        return (rows[-1].seq if rows else None), [e.as_dict() for e in self.lens.visible(rows)]
 
-    async def send_event(self, event: dict[str, Any]) -> None:
-        self.last_seq = event["seq"]
-        await self.send_json({"type": "event", "event": event})
+    async def visible(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        assert self.lens is not None
+        if self.lens.everything:  # managers: no database read per batch
+            return events
+        return await database_sync_to_async(self.lens.visible)(events)
+
+    async def send_batch(self, last_seq: int, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            await self.send_json({"type": "event", "event": event})
+        self.last_seq = last_seq

@@ -1,16 +1,18 @@
 """Who sees whom and who may address whom (DESIGN.md §4). Reads only; grants are written by actions."""
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
-from django.db.models import F
+from django.db.models import F, QuerySet
 from guardian.models import UserObjectPermission
 
-from sagas.models import Collaborator, Saga
+from journal.models import JournalEvent
+from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga
 
 ADDRESS_PERM = "address_collaborator"
 
@@ -152,3 +154,144 @@ def may_manage(user: Any, saga: Saga) -> bool:
 def collaborator_for(user: Any, saga: Saga) -> Collaborator | None:
     """The caller's own collaborator in this saga, if it has one."""
     return Collaborator.objects.filter(saga=saga, user=user).select_related("saga", "user").first()
+
+
+# --- the journal, seen by one reader ---------------------------------------------------------------
+
+E = TypeVar("E")
+# Both handle prefixes of a collaborator; any other actor (empty, the system) names nobody.
+HANDLE_PREFIXES = (f"{Collaborator.Kind.AGENT}:", f"{Collaborator.Kind.HUMAN}:")
+
+
+class JournalLens:
+    """What one reader may see of one saga's journal: DESIGN.md §4 applied to events.
+
+    Managers (and superusers) see every event. Anyone else sees:
+    - an event about requests, forms or messages (its data names a `request_id`, a
+      `human_request_id` or a `to`) only when the reader is one of its two parties: the sender
+      and the recipient of the request, the asker and the addressee of the form, the author and
+      the addressee of the message;
+    - any other event when every collaborator it names (its actor, and whoever joined in
+      `collaborator.joined`) is one the reader sees: for an agent, `SagaTree.visible_ids`; for a
+      person, everyone.
+
+    Built once per reader and read per batch of events (a WebSocket keeps one for its life): the
+    tree is loaded again only when an event names a collaborator the lens has not met, and the
+    parties of a request or form that its events do not name are read once per batch and kept.
+    Works on `JournalEvent` rows and on their `as_dict()` alike.
+    """
+
+    def __init__(self, user: Any, saga: Saga) -> None:
+        self.saga = saga
+        self.user = user
+        self.everything = may_manage(user, saga)
+        self.me = ""
+        self.known: set[str] = set()
+        self.seen: set[str] = set()
+        self.parties: dict[str, frozenset[str]] = {}  # "request:<id>" or "form:<id>" → its two handles
+        if not self.everything:
+            self.load_tree()
+
+    def load_tree(self) -> None:
+        tree = SagaTree.load(self.saga)
+        me = next((c for c in tree.members.values() if c.user_id == self.user.pk), None)
+        self.me = me.handle if me is not None else ""
+        self.known = {c.handle for c in tree.members.values()}
+        ids = tree.visible_ids(me) if me is not None else set(tree.members)
+        self.seen = {tree.members[i].handle for i in ids}
+
+    def visible(self, events: Sequence[E]) -> list[E]:
+        """The events of `events` this reader may see, in their order."""
+        if self.everything:
+            return list(events)
+        fields = [event_fields(e) for e in events]
+        named = {h for _, actor, data in fields for h in (actor, data.get("id"), data.get("to"), data.get("from"))}
+        if any(isinstance(h, str) and h.startswith(HANDLE_PREFIXES) and h not in self.known for h in named):
+            self.load_tree()  # someone joined since the lens was built
+        self.read_parties(fields)
+        return [
+            event for event, (type_, actor, data) in zip(events, fields, strict=True) if self.sees(type_, actor, data)
+        ]
+
+    def sees(self, type_: str, actor: str, data: dict[str, Any]) -> bool:
+        parties = self.parties_of(type_, actor, data)
+        if parties is not None:
+            return bool(self.me) and self.me in parties
+        subjects = [actor, data.get("id")] if type_ == "collaborator.joined" else [actor]
+        return all(self.may_see(h) for h in subjects)
+
+    def may_see(self, handle: Any) -> bool:
+        if not isinstance(handle, str) or not handle.startswith(HANDLE_PREFIXES):
+            return True  # the event names no collaborator (the saga, the system)
+        return handle in self.seen
+
+    @staticmethod
+    def party_key(data: dict[str, Any]) -> str | None:
+        if "request_id" in data:
+            return f"request:{data['request_id']}"
+        if "human_request_id" in data:
+            return f"form:{data['human_request_id']}"
+        return None
+
+    def parties_of(self, type_: str, actor: str, data: dict[str, Any]) -> frozenset[str] | None:
+        """The two parties of a request, form or message event; None for any other event."""
+        key = self.party_key(data)
+        if key is not None:
+            return self.parties.get(key, frozenset())  # unknown (never in this saga): nobody's
+        if "to" in data:
+            return frozenset({actor, str(data["to"])})
+        return None
+
+    def read_parties(self, fields: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """Learn the parties of the requests and forms of a batch, from the events that name them
+        (`request.created`, `human_request.created` and the request's terminal events), else from
+        the rows, in one query per kind."""
+        missing: dict[str, set[str]] = {"request": set(), "form": set()}
+        for type_, actor, data in fields:
+            key = self.party_key(data)
+            if key is None or key in self.parties:
+                continue
+            if type_ in ("request.created", "human_request.created") and "to" in data:
+                self.parties[key] = frozenset({actor, str(data["to"])})
+            elif "from" in data and "to" in data:
+                self.parties[key] = frozenset({str(data["from"]), str(data["to"])})
+            else:
+                kind, _, pk = key.partition(":")
+                missing[kind].add(pk)
+        if missing["request"]:
+            rows = AgentRequest.objects.filter(saga=self.saga, pk__in=missing["request"]).values_list(
+                "pk", "sender__kind", "sender__name", "recipient__kind", "recipient__name"
+            )
+            for pk, sk, sn, rk, rn in rows:
+                self.parties[f"request:{pk}"] = frozenset({f"{sk}:{sn}", f"{rk}:{rn}"})
+        if missing["form"]:
+            forms = HumanRequest.objects.filter(saga=self.saga, pk__in=missing["form"]).values_list(
+                "pk", "asker__kind", "asker__name", "addressee__kind", "addressee__name"
+            )
+            for pk, ak, an, dk, dn in forms:
+                self.parties[f"form:{pk}"] = frozenset({f"{ak}:{an}", f"{dk}:{dn}"})
+
+    def take(
+        self, events: "QuerySet[JournalEvent]", limit: int, *, newest_first: bool = False
+    ) -> tuple[list[JournalEvent], bool]:
+        """Up to `limit` visible events of `events` in seq order (or newest first), and whether
+        more visible ones follow: hidden events are skipped, read in chunks by seq."""
+        found: list[JournalEvent] = []
+        chunk = max(limit + 1, 100)
+        ordered = events.order_by("-seq" if newest_first else "seq")
+        while True:
+            batch = list(ordered[:chunk])
+            found += self.visible(batch)
+            if len(found) > limit or len(batch) < chunk:
+                return found[:limit], len(found) > limit
+            edge = batch[-1].seq
+            ordered = ordered.filter(seq__lt=edge) if newest_first else ordered.filter(seq__gt=edge)
+
+
+def event_fields(event: Any) -> tuple[str, str, dict[str, Any]]:
+    """(type, actor, data) of a `JournalEvent` or of its `as_dict()`."""
+    if isinstance(event, dict):
+        type_, actor, data = event.get("type", ""), event.get("actor", ""), event.get("data")
+    else:
+        type_, actor, data = event.type, event.actor, event.data
+    return str(type_), str(actor or ""), data if isinstance(data, dict) else {}

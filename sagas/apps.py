@@ -4,3 +4,11 @@ from django.apps import AppConfig
 class SagasConfig(AppConfig):
     name = "sagas"
     verbose_name = "Sagas"
+
+    def ready(self) -> None:
+        # The journal's readers (export, WebSocket) live below the kernel and cannot import it: they
+        # get the kernel's one visibility rule for events through this hand-over.
+        from journal.access import provide_reader_rule
+        from sagas.access import JournalLens
+
+        provide_reader_rule(JournalLens)

@@ -15,7 +15,7 @@ from django.db.models import Count, IntegerField, Max, OuterRef, Q, QuerySet, Su
 from django.db.models.functions import Coalesce
 
 from journal.models import JournalEvent
-from sagas.access import SagaTree, may_manage
+from sagas.access import JournalLens, SagaTree, may_manage
 from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga
 
 PAGE_SIZE = 50
@@ -294,12 +294,12 @@ class Worker:
         return (self.ended_at - self.started_at).total_seconds() if self.ended_at else None
 
 
-def workers(saga: Saga, *, limit: int = 2000) -> list[Worker]:
-    """Workers in the order they started, built from the runtime's lifecycle events."""
+def workers(saga: Saga, lens: JournalLens, *, limit: int = 2000) -> list[Worker]:
+    """Workers in the order they started, built from the lifecycle events the viewer may see."""
     events = JournalEvent.objects.filter(saga=saga, type__in=WORKER_EVENTS).order_by("-seq")[:limit]
     by_key: dict[str, Worker] = {}
     current: dict[str, str] = {}  # run (or actor) → key of its latest worker
-    for event in reversed(list(events)):
+    for event in reversed(lens.visible(list(events))):
         data = event.data if isinstance(event.data, dict) else {}
         run = event.run_id or event.actor
         if event.type == "worker_start":
@@ -338,19 +338,22 @@ def workers(saga: Saga, *, limit: int = 2000) -> list[Worker]:
 # --- the journal -------------------------------------------------------------------------------
 
 
-def events_page(saga: Saga, *, before: int | None = None, limit: int = PAGE_SIZE) -> tuple[list[JournalEvent], bool]:
-    """The newest events (before seq `before`), newest first, and whether older ones remain."""
+def events_page(
+    saga: Saga, lens: JournalLens, *, before: int | None = None, limit: int = PAGE_SIZE
+) -> tuple[list[JournalEvent], bool]:
+    """The newest events the viewer may see (before seq `before`), newest first, and whether older
+    ones remain."""
     events = JournalEvent.objects.filter(saga=saga)
     if before is not None:
         events = events.filter(seq__lt=before)
-    page = list(events.order_by("-seq")[: limit + 1])
-    return page[:limit], len(page) > limit
+    return lens.take(events, limit, newest_first=True)
 
 
-def events_after(saga: Saga, after: int, *, limit: int = FETCH_LIMIT) -> tuple[list[JournalEvent], bool]:
-    """The events after seq `after`, oldest first, and whether more follow."""
-    page = list(JournalEvent.objects.for_saga(saga.pk, after=after)[: limit + 1])
-    return page[:limit], len(page) > limit
+def events_after(
+    saga: Saga, lens: JournalLens, after: int, *, limit: int = FETCH_LIMIT
+) -> tuple[list[JournalEvent], bool]:
+    """The events after seq `after` the viewer may see, oldest first, and whether more follow."""
+    return lens.take(JournalEvent.objects.for_saga(saga.pk, after=after), limit)
 
 
 def short(value: Any, limit: int = 160) -> str:

@@ -10,7 +10,7 @@ from django.core.validators import validate_email
 from sagas import errors
 
 FIELD_TYPES = ("text", "textarea", "integer", "number", "boolean", "choice", "multichoice", "date", "email")
-NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")
+NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,63}")  # fullmatch: `$` admits a final newline
 MAX_FIELDS = 50
 MAX_TEXT = 10_000
 
@@ -28,7 +28,7 @@ def check_schema(fields: Any) -> list[dict[str, Any]]:
             continue
         name, kind = field.get("name"), field.get("type", "text")
         choices = field.get("choices") or []
-        if not isinstance(name, str) or not NAME_RE.match(name) or name in names:
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in names:
             problems[where] = ["A unique identifier `name` is required."]
         elif kind not in FIELD_TYPES:
             problems[where] = [f"type must be one of {', '.join(FIELD_TYPES)}."]

@@ -15,11 +15,13 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import User
+from config.params import InvalidParameter, integer_param
 from sagas import actions, dashboard, errors
-from sagas.access import collaborator_for, may_manage
+from sagas.access import JournalLens, collaborator_for, may_manage
 from sagas.models import Artifact, Collaborator, Saga
 
 FormErrors = dict[str, list[str]]
@@ -32,6 +34,11 @@ RUNTIMES = [
 def visible_saga(request: HttpRequest, saga_id: UUID) -> Saga:
     """The saga if the signed-in person may see it; 404 otherwise, whether absent or forbidden."""
     return get_object_or_404(Saga.objects.visible_to(request.user).select_related("owner"), pk=saga_id)
+
+
+def bad_parameter(exc: InvalidParameter) -> HttpResponse:
+    """A query parameter that is not a number: 400, as the API says it (`invalid_payload`)."""
+    return HttpResponse(f"invalid_payload: {exc.detail}", status=400, content_type="text/plain")
 
 
 def form_errors(exc: errors.KernelError, *, default: str = "form") -> FormErrors:
@@ -90,9 +97,11 @@ def saga_create(request: HttpRequest) -> HttpResponse:
 @require_GET
 def saga_detail(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     saga = visible_saga(request, saga_id)
-    raw = request.GET.get("before", "")
-    before = int(raw) if raw.isdigit() else None
-    return render_saga(request, saga, before=before)
+    try:
+        before = integer_param(request.GET, "before", default=-1)
+    except InvalidParameter as exc:
+        return bad_parameter(exc)
+    return render_saga(request, saga, before=None if before < 0 else before)
 
 
 def render_saga(
@@ -105,7 +114,8 @@ def render_saga(
     status: int = 200,
 ) -> HttpResponse:
     """The whole page; `bound` and `forms` carry a rejected submission back to its form."""
-    events, has_older = dashboard.events_page(saga, before=before)
+    lens = JournalLens(request.user, saga)
+    events, has_older = dashboard.events_page(saga, lens, before=before)
     can_manage = may_manage(request.user, saga)
     context: dict[str, Any] = {
         "saga": saga,
@@ -147,7 +157,7 @@ def inbox_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
 
 
 def workers_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
-    return {"workers": dashboard.workers(saga)}
+    return {"workers": dashboard.workers(saga, JournalLens(request.user, saga))}
 
 
 def stats_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
@@ -195,11 +205,15 @@ def journal_rows(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     """Timeline rows: `?after=N` (newer, oldest first, for the live view) or `?before=N` (older,
     newest first, for "load older"). Headers say where the next page starts."""
     saga = visible_saga(request, saga_id)
-    after, before = request.GET.get("after", ""), request.GET.get("before", "")
-    if after.isdigit():
-        events, more = dashboard.events_after(saga, int(after))
-    elif before.isdigit():
-        events, more = dashboard.events_page(saga, before=int(before))
+    try:
+        after, before = (integer_param(request.GET, name, default=-1) for name in ("after", "before"))
+    except InvalidParameter as exc:
+        return bad_parameter(exc)
+    lens = JournalLens(request.user, saga)
+    if after >= 0:
+        events, more = dashboard.events_after(saga, lens, after)
+    elif before >= 0:
+        events, more = dashboard.events_page(saga, lens, before=before)
     else:
         return HttpResponse("Give after=N or before=N.", status=400, content_type="text/plain")
     response = render(request, "sagas/parts/journal_rows.html", {"saga": saga, "events": events})
@@ -288,8 +302,10 @@ def add_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     if token is None:
         messages.success(request, f"{collaborator.handle} joined; its first turn is queued.")
         return redirect(saga_url(saga, "team"))
-    # The token is shown in this response only: it never goes through a cookie or the session.
-    return render_saga(request, saga, forms={"token": {"handle": collaborator.handle, "token": token}}, status=201)
+    # The token is shown in this response only: it never goes through a cookie, the session or a cache.
+    response = render_saga(request, saga, forms={"token": {"handle": collaborator.handle, "token": token}}, status=201)
+    add_never_cache_headers(response)
+    return response
 
 
 @login_required

@@ -12,11 +12,13 @@ from accounts.models import User
 from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage, sync_address_grants
+from sagas.actions.caps import check_delegate_caps
 from sagas.actions.locking import lock_saga
+from sagas.actions.payloads import check_goal
 from sagas.models import Collaborator, Delegation, Run, Saga
 from sagas.wakeups import ring_run_after_commit
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")  # whole names only: fullmatch (`$` admits a final newline)
 
 
 def acting_collaborator(saga: Saga, by: User) -> Collaborator | None:
@@ -49,10 +51,11 @@ def add_agent(
     """
     saga = lock_saga(saga.pk)
     acting = acting_collaborator(saga, by)
-    if not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise errors.InvalidPayload(
             "Bad agent name.", errors={"name": ["Lowercase letters, digits, '.', '_' and '-'."]}
         )
+    check_goal(task, field="task")
     if runtime not in (Collaborator.Runtime.INTERNAL, Collaborator.Runtime.EXTERNAL):
         raise errors.InvalidPayload("Bad runtime.", errors={"runtime": ["internal or external."]})
     if runtime == Collaborator.Runtime.INTERNAL and not profile:
@@ -65,6 +68,7 @@ def add_agent(
     delegator = resolve_parent(saga, parent, by=by, acting=acting)
     if Collaborator.objects.filter(saga=saga, kind=Collaborator.Kind.AGENT, name=name).exists():
         raise errors.NameTaken(f"agent:{name} is already in this saga.")
+    check_delegate_caps(saga, delegator)
     user = create_agent_user(username=f"agent.{saga.pk.hex[:12]}.{name}")
     collaborator = Collaborator.objects.create(
         saga=saga,
@@ -119,6 +123,7 @@ def add_human(*, saga: Saga, user: User, role: str, task: str, by: User) -> Coll
     saga = lock_saga(saga.pk)
     if not may_manage(by, saga):
         raise errors.Forbidden("Only managers of the saga add collaborators.")
+    check_goal(task, field="task")
     if user.is_agent:
         raise errors.InvalidPayload("That user is an agent.", errors={"username": ["Not a person."]})
     if Collaborator.objects.filter(saga=saga, user=user).exists():

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -9,8 +10,10 @@ from accounts.models import User
 from journal.actions import record
 from sagas import errors, forms
 from sagas.access import may_manage
+from sagas.actions.caps import check_form_caps
 from sagas.actions.collaborators import find_collaborator
 from sagas.actions.locking import lock_saga
+from sagas.actions.payloads import payload_size
 from sagas.actions.requests import sender_run_id
 from sagas.actions.steering import push_steering
 from sagas.models import Collaborator, HumanRequest, SteeringItem
@@ -24,6 +27,9 @@ def ask_human(
     idempotency key with the same form returns the first one; with another, `idempotency_conflict`."""
     if not asker.is_agent:
         raise errors.Forbidden("Only agents ask people through forms.")
+    limit = settings.AGORA_MAX_PAYLOAD_BYTES  # a form is a payload too: its labels and choices are stored and shown
+    if payload_size([title, fields]) > limit:
+        raise errors.InvalidPayload("The form is too large.", errors={"fields": [f"At most {limit} bytes of JSON."]})
     schema = forms.check_schema(fields)
     if not isinstance(title, str) or not title.strip() or len(title) > 200:
         raise errors.InvalidPayload("Bad title.", errors={"title": ["1 to 200 characters."]})
@@ -35,6 +41,7 @@ def ask_human(
         if (first.addressee_id, first.title, first.fields) != (addressee.pk, title, schema):
             raise errors.IdempotencyConflict("This Idempotency-Key was already used for a different form.")
         return first, False
+    check_form_caps(saga, asker)
     human_request = HumanRequest.objects.create(
         saga=saga, asker=asker, addressee=addressee, title=title, fields=schema, idempotency_key=idempotency_key
     )

@@ -6,13 +6,19 @@ from guardian.shortcuts import assign_perm
 from accounts.models import User
 from journal.actions import record
 from sagas import errors
+from sagas.actions.payloads import check_goal
 from sagas.models import Collaborator, Saga
+
+TITLE_MAX = 200  # Saga.title's max_length
 
 
 @transaction.atomic
 def create_saga(*, title: str, goal: str = "", policy: str = Saga.Policy.TREE, owner: User) -> Saga:
     if not title.strip():
         raise errors.InvalidPayload("A saga needs a title.", errors={"title": ["This field may not be blank."]})
+    if len(title) > TITLE_MAX:
+        raise errors.InvalidPayload("The title is too long.", errors={"title": ["At most 200 characters."]})
+    check_goal(goal, field="goal")
     if policy not in Saga.Policy.values:
         raise errors.InvalidPayload(f"Unknown policy {policy!r}.", errors={"policy": [f"One of {Saga.Policy.values}."]})
     saga = Saga.objects.create(title=title, goal=goal, policy=policy, owner=owner)

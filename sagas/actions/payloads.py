@@ -16,3 +16,12 @@ def check_payload(payload: Any, *, field: str = "payload") -> None:
     limit = settings.AGORA_MAX_PAYLOAD_BYTES
     if payload_size(payload) > limit:
         raise errors.PayloadTooLarge(f"Limit is {limit} bytes.", field=field)
+
+
+def check_goal(text: Any, *, field: str) -> None:
+    """A saga's goal or a collaborator's task: text of at most `AGORA_MAX_GOAL_CHARS` characters."""
+    limit = settings.AGORA_MAX_GOAL_CHARS
+    if not isinstance(text, str) or len(text) > limit:
+        raise errors.InvalidPayload(
+            f"The {field} is too long.", errors={field: [f"Text of at most {limit} characters."]}
+        )

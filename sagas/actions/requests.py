@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable
 from datetime import timedelta
@@ -22,7 +23,7 @@ from sagas.actions.steering import push_steering, resume_waiter, waits_over_http
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
 from sagas.wakeups import publish_after_commit, request_channel
 
-TYPE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
+TYPE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*")  # fullmatch: `$` admits a final newline
 TYPE_MAX = 100
 Status = AgentRequest.Status
 
@@ -50,13 +51,18 @@ def ask_agent(
     """
     if not sender.is_agent:
         raise errors.Forbidden("Only agents ask agents; people steer them.")
-    if not isinstance(type, str) or len(type) > TYPE_MAX or not TYPE_RE.match(type):
+    if not isinstance(type, str) or len(type) > TYPE_MAX or not TYPE_RE.fullmatch(type):
         raise errors.InvalidPayload("Bad request type.", errors={"type": ["A short dotted name such as code.review."]})
     if mode not in AgentRequest.Mode.values:
         raise errors.InvalidPayload("Bad mode.", errors={"mode": ["async or wait."]})
     if payload is None:  # the column is NOT NULL: refuse here rather than fail the insert
         raise errors.InvalidPayload("A request needs a payload.", errors={"payload": ["This field is required."]})
     check_payload(payload)
+    # JSON booleans are numbers to Python (True == 1): a `timeout_s: true` is refused, not a second.
+    if timeout_s is not None and (
+        isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not math.isfinite(timeout_s)
+    ):
+        raise errors.InvalidPayload("Bad timeout.", errors={"timeout_s": ["A number of seconds."]})
     wait_s = min(float(settings.AGORA_DEFAULT_WAIT_S if timeout_s is None else timeout_s), settings.AGORA_MAX_WAIT_S)
     if wait_s <= 0:
         raise errors.InvalidPayload("Bad timeout.", errors={"timeout_s": ["Must be positive."]})

@@ -123,6 +123,15 @@ class SteerOutput(Shape):
 # --- requests between agents ---------------------------------------------------------------------
 
 
+class SecondsField(serializers.FloatField):
+    """A number of seconds. DRF's FloatField takes `true` as 1.0 (True is an int to Python): not here."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return float(super().to_internal_value(data))
+
+
 class AskInput(Shape):
     """`ask_agent`. The sender is the authenticated agent: any `from` in the body is ignored."""
 
@@ -130,7 +139,7 @@ class AskInput(Shape):
     type = serializers.CharField(max_length=100, help_text="A short dotted name such as code.review.")
     payload = serializers.JSONField(default=dict)
     mode = serializers.ChoiceField(choices=AgentRequest.Mode.choices, default=AgentRequest.Mode.ASYNC)
-    timeout_s = serializers.FloatField(required=False, allow_null=True, default=None, help_text="For mode=wait.")
+    timeout_s = SecondsField(required=False, allow_null=True, default=None, help_text="For mode=wait.")
 
 
 class AskPendingOutput(Shape):

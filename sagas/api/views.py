@@ -15,6 +15,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import exceptions, serializers
@@ -23,13 +24,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import User
+from config.params import integer_param, seconds_param
 from config.parsers import LimitedJSONParser
 from journal.models import JournalEvent
-from journal.views import cursor_param
 from sagas import actions, errors
-from sagas.access import collaborator_card, collaborator_for, may_manage, visible_collaborators
+from sagas.access import JournalLens, collaborator_card, collaborator_for, may_manage, visible_collaborators
 from sagas.api import serializers as s
-from sagas.api.waiting import Done, Wait, WaitingResponse
+from sagas.api.waiting import Done, Wait, WaitingResponse, hold_wait
 from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga, SteeringItem
 from sagas.wakeups import request_channel, steering_channel
 
@@ -71,22 +72,12 @@ def idempotency_key(request: Request) -> str:
     return key
 
 
-def seconds_param(request: Request, name: str, *, limit: float) -> float:
-    raw = request.query_params.get(name) or "0"
-    try:
-        value = float(raw)
-    except ValueError:
-        raise exceptions.ValidationError({name: ["A number of seconds."]}) from None
-    if not 0 <= value < float("inf"):
-        raise exceptions.ValidationError({name: ["A non-negative number of seconds."]})
-    return min(value, limit)
+def cursor_param(request: Request) -> int:
+    return integer_param(request.query_params, "after", default=0)
 
 
 def limit_param(request: Request, *, limit: int) -> int:
-    raw = request.query_params.get("limit") or str(limit)
-    if not raw.isdigit() or int(raw) < 1:
-        raise exceptions.ValidationError({"limit": ["A positive integer."]})
-    return min(int(raw), limit)
+    return min(integer_param(request.query_params, "limit", default=limit, minimum=1), limit)
 
 
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -161,7 +152,7 @@ class CollaboratorAddApi(ApiView):
             serializers={"agent": s.AgentAddInput, "human": s.HumanAddInput},
             resource_type_field_name="kind",
         ),
-        responses={201: s.CollaboratorAddedOutput, **problems(400, 401, 403, 404, 409)},
+        responses={201: s.CollaboratorAddedOutput, **problems(400, 401, 403, 404, 409, 429)},
     )
     def post(self, request: Request, saga_id: UUID) -> Response:
         """Add an agent (managers anywhere; an agent only its own delegates) or a person (managers).
@@ -190,7 +181,10 @@ class CollaboratorAddApi(ApiView):
             card = collaborator_card(collaborator)
         else:
             raise exceptions.ValidationError({"kind": ["agent or human."]})
-        return Response(s.CollaboratorAddedOutput(card).data, status=201)
+        response = Response(s.CollaboratorAddedOutput(card).data, status=201)
+        if "token" in card:
+            add_never_cache_headers(response)  # the token must stay out of every cache (no-store)
+        return response
 
 
 class CollaboratorCollectionApi(CollaboratorListApi, CollaboratorAddApi):
@@ -273,15 +267,22 @@ class AgentRequestCreateApi(ApiView):
         if sender is None:
             raise errors.Forbidden("Only agents of this saga ask its agents.")
         ask = valid(s.AskInput, request.data)
-        ask_request, created = actions.ask_agent(
-            sender=sender, to=ask["to"], type=ask["type"], payload=ask["payload"], mode=ask["mode"],
-            timeout_s=ask["timeout_s"], idempotency_key=idempotency_key(request),
-        )  # fmt: skip
+        key = idempotency_key(request)
+        slot = hold_wait(sender) if ask["mode"] == AgentRequest.Mode.WAIT else None  # before anything is written
+        try:
+            ask_request, created = actions.ask_agent(
+                sender=sender, to=ask["to"], type=ask["type"], payload=ask["payload"], mode=ask["mode"],
+                timeout_s=ask["timeout_s"], idempotency_key=key,
+            )  # fmt: skip
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
         headers = {} if created else {"Idempotent-Replayed": "true"}
         if ask_request.mode == AgentRequest.Mode.ASYNC:
             pending = s.AskPendingOutput({"request_id": ask_request.pk, "status": "pending"}).data
             return Response(pending, status=202, headers=headers)
-        wait = Wait(channel=request_channel(ask_request.pk), check=partial(reply_check, ask_request.pk))
+        wait = Wait(channel=request_channel(ask_request.pk), check=partial(reply_check, ask_request.pk), slot=slot)
         response = WaitingResponse(timed_out_data(ask_request.pk), status=202, wait=wait)
         for name, value in headers.items():
             response[name] = value
@@ -347,12 +348,12 @@ class SteeringFeedApi(ApiView):
             ),
             OpenApiParameter("wait", OpenApiTypes.NUMBER, description="Long-poll up to this many seconds."),
         ],
-        responses={200: s.SteeringOutput, **problems(400, 401, 403)},
+        responses={200: s.SteeringOutput, **problems(400, 401, 403, 429)},
     )
     def get(self, request: Request) -> Response:
         """The calling agent's steering items after the cursor; waits up to `wait` seconds for one."""
         after = cursor_param(request)
-        wait_s = seconds_param(request, "wait", limit=settings.AGORA_STEERING_POLL_MAX_S)
+        wait_s = min(seconds_param(request.query_params, "wait"), settings.AGORA_STEERING_POLL_MAX_S)
         me = Collaborator.objects.filter(user=principal(request), kind=Collaborator.Kind.AGENT).first()
         if me is None:
             raise errors.Forbidden("Only agents have steering.")
@@ -362,7 +363,9 @@ class SteeringFeedApi(ApiView):
         if items or wait_s == 0:
             return Response(s.SteeringOutput({"items": items}).data)
         wait = Wait(
-            channel=steering_channel(me.pk), check=partial(steering_check, me.pk, after, time.monotonic() + wait_s)
+            channel=steering_channel(me.pk),
+            check=partial(steering_check, me.pk, after, time.monotonic() + wait_s),
+            slot=hold_wait(me),
         )
         return WaitingResponse({"items": []}, status=200, wait=wait)
 
@@ -394,7 +397,7 @@ class HumanRequestCreateApi(ApiView):
         responses={
             201: s.HumanRequestCreatedOutput,
             200: OpenApiResponse(s.HumanRequestCreatedOutput, description="A replay of an Idempotency-Key."),
-            **problems(400, 401, 403, 404, 409),
+            **problems(400, 401, 403, 404, 409, 429),
         },
     )
     def post(self, request: Request, saga_id: UUID) -> Response:
@@ -464,10 +467,15 @@ class JournalEventListApi(ApiView):
         responses={200: s.JournalPageOutput, **problems(400, 401, 404)},
     )
     def get(self, request: Request, saga_id: UUID) -> Response:
-        """The saga's journal after a cursor, in seq order; page on with the last seq seen."""
+        """The events after a cursor the caller may see, in seq order; page on with the last seq seen.
+
+        Managers see every event; anyone else the events of the collaborators they see and of the
+        requests, forms and messages they are party to (README, "Who sees what").
+        """
         after, limit = cursor_param(request), limit_param(request, limit=JOURNAL_PAGE)
         saga = visible_saga(principal(request), saga_id)
-        events = JournalEvent.objects.for_saga(saga.pk, after=after)[:limit]
+        lens = JournalLens(principal(request), saga)
+        events, _ = lens.take(JournalEvent.objects.for_saga(saga.pk, after=after), limit)
         return Response(s.JournalPageOutput({"events": [event.as_dict() for event in events]}).data)
 
 

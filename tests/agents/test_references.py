@@ -38,7 +38,7 @@ def prior(alice: User) -> Saga:
     )
     with transaction.atomic():
         actions.finish_run(run=Run.objects.get(collaborator=agent), status="completed", result="Shipped v1 at noon.")
-        record(saga_id=prior.pk, type="prompt.completed", actor="agent:brain-1", data={"answer": "v1 is live."})
+        record(saga_id=prior.pk, type="prompt.completed", actor="agent:coder", data={"answer": "v1 is live."})
     return prior
 
 
@@ -71,7 +71,7 @@ def test_a_saga_reference_appends_its_goal_answers_results_and_last_events(
     assert section.startswith(f"--- @@{prior.pk}: Release v1 (open) ---\nGoal: Ship v1 without downtime\n")
     assert "Final answers:\n- v1 is live.\n" in section
     assert "Results:\n- agent:coder (completed): Shipped v1 at noon.\n" in section
-    assert "Last events:\n- #1 saga.created human:alice" in section and "prompt.completed agent:brain-1" in section
+    assert "Last events:\n- #1 saga.created human:alice" in section and "prompt.completed agent:coder" in section
     assert not vision
 
 
@@ -118,3 +118,17 @@ def test_a_worker_result_references_artifacts_by_name(saga: Saga) -> None:
     ]
     with pytest.raises(errors.InvalidPayload, match="Unknown artifacts in this saga: nope"):
         artifact_refs(saga=saga, names=["spec.md", "nope"])
+
+
+def test_a_saga_summary_shows_only_the_events_the_reader_may_see(prior: Saga, alice: User, bob: User) -> None:
+    actions.add_human(saga=prior, user=bob, role="Analyst", task="Read along", by=alice)
+    coder = actions.find_collaborator(prior, "agent:coder")
+    assert coder is not None
+    actions.steer(saga=prior, to=coder, message="Use the secret staging host.", by=alice)
+    own = actions.create_saga(title="Bob's", owner=bob)
+
+    for_bob = expand_references(text=f"@@{prior.pk}", saga=own, user=bob).text
+    for_alice = expand_references(text=f"@@{prior.pk}", saga=prior, user=alice).text
+
+    assert "steering.message" in for_alice and "steering.message" not in for_bob  # alice and coder's only
+    assert "Shipped v1 at noon." in for_bob and "v1 is live." in for_bob

@@ -202,3 +202,4 @@ async def test_a_foreign_origin_is_refused(saga: Saga, alice: User) -> None:
 
 async def test_a_bad_cursor_is_refused(saga: Saga, as_alice: Headers) -> None:
     assert await refusal(saga.pk, as_alice, after="abc") == (False, 4400)
+    assert await refusal(saga.pk, as_alice, after="%C2%B2") == (False, 4400)  # "²": a digit, not ASCII

@@ -3,7 +3,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from journal.access import saga_model
+from journal.access import Everything, saga_model
 from journal.export import iter_jsonl
 
 
@@ -21,5 +21,5 @@ class Command(BaseCommand):
             raise CommandError(f"Not a saga id: {saga_id}") from exc
         if not exists:
             raise CommandError(f"No saga {saga_id}.")
-        for line in iter_jsonl(saga_id, after=after):
+        for line in iter_jsonl(saga_id, lens=Everything(), after=after):
             self.stdout.write(line, ending="")

@@ -1,0 +1,46 @@
+"""Numeric query parameters, read one way everywhere: ASCII digits only.
+
+`str.isdigit()` and `int()` accept more than ASCII (`"²".isdigit()` is true and `int("²")` fails;
+`int("١٢")` is 12), so each view that checked one way and converted another could answer 500. Every
+cursor, limit and wait in the API, the journal export, the WebSocket and the dashboard goes through
+here instead, and a bad value is a 400 `invalid_payload` naming the parameter.
+"""
+
+import re
+from collections.abc import Mapping
+
+from config.problems import Problem
+
+_INTEGER = re.compile(r"[0-9]{1,19}")
+_SECONDS = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
+MAX_INTEGER = 2**63 - 1  # the largest value a database integer column (and so a seq filter) holds
+
+
+class InvalidParameter(Problem):
+    code = "invalid_payload"
+    status = 400
+    title = "Invalid payload"
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}", errors={name: [message]})
+        self.name = name
+
+
+def integer_param(query: Mapping[str, str], name: str, *, default: int, minimum: int = 0) -> int:
+    """The parameter as an integer from `minimum` up; `default` when absent or empty."""
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return default
+    if not _INTEGER.fullmatch(raw) or not minimum <= int(raw) <= MAX_INTEGER:
+        raise InvalidParameter(name, f"An integer of at least {minimum}, in ASCII digits.")
+    return int(raw)
+
+
+def seconds_param(query: Mapping[str, str], name: str, *, default: float = 0.0) -> float:
+    """The parameter as a non-negative number of seconds (`2` or `0.5`); `default` when absent or empty."""
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return default
+    if not _SECONDS.fullmatch(raw):
+        raise InvalidParameter(name, "A non-negative number of seconds, in ASCII digits.")
+    return float(raw)
