@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from accounts.models import User
 from sagas import actions, errors
 from sagas.models import Artifact, Saga
+from sagas.views import render_saga, saga_url
 
 # What multipart framing, the name and the content type add to an upload's size, at most.
 UPLOAD_OVERHEAD = 64 * 1024
@@ -57,8 +58,6 @@ def download_artifact(request: HttpRequest, saga_id: UUID, name: str) -> HttpRes
 @require_POST
 def upload_artifact(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     """Add a file, or a text typed into the form, under a name (the file's own name by default)."""
-    from sagas.views import render_saga, saga_url  # the page module imports this one's neighbours
-
     saga = visible_saga(request, saga_id)
     values = {k: request.POST.get(k, "").strip() for k in ("name", "text")}
     upload = request.FILES.get("file")
