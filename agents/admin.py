@@ -41,3 +41,7 @@ class TranscriptEntryAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: TranscriptEntry | None = None) -> bool:
         return False
+
+
+from agents.mcp import admin as mcp_admin  # noqa: E402, F401  (the MCP servers' admin)
+from agents.orchestrator import admin as orchestrator_admin  # noqa: E402, F401  (registers brains and prompts)

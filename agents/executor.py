@@ -21,7 +21,9 @@ from django.db import connection
 from django.utils import timezone
 
 from agents import scripted
+from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
+from agents.orchestrator.tasks import is_brain_worker, worker_rested
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
 from config.sql import columns, db_value, fetch_one, py_value
@@ -94,10 +96,13 @@ def run_turn(run_id: str) -> None:
     try:
         turns.execute()
         keep_transcript(turns.transcript)
+        if is_brain_worker(turns.collaborator.name):  # its orchestration may be ready to move on
+            ring_orchestrator(turns.saga_id, turns.collaborator.name)
     except LostTurn:
         logger.info("run %s: turn %s is another worker's; stopping", run.pk, turns.turn)
     finally:
         heartbeat().remove(turns)
+        turns.mcp.release(still_active=turns.still_active)
         if connection.errors_occurred:  # the next task starts on a fresh connection
             connection.close()
 
@@ -121,6 +126,8 @@ class Turns:
         self.slice_ends = time.monotonic() + settings.AGORA_TURN_SLICE_S
         # Read once the run is claimed: while this task holds its lease nobody else writes it.
         self.transcript = Transcript(run.pk)
+        self.mcp = mcp.RunTools(run.pk, self.profile.mcp_servers if self.profile else [])
+        self.outside: dict[str, Any] | None = None  # an MCP call to make outside any transaction
 
     # --- the shape of a turn ----------------------------------------------------------------
 
@@ -129,6 +136,9 @@ class Turns:
             self.transcript = take_transcript(self.run.pk)
             go_on = self.begin()
         while go_on:
+            if self.outside is not None:
+                go_on = self.call_outside()
+                continue
             completion, latency_ms = self.call_models(self.transcript.messages)
             with self.transaction():
                 go_on = self.conclude(completion, latency_ms)
@@ -158,6 +168,8 @@ class Turns:
         interrupted = self.interrupted_calls()
         if interrupted and self.run_calls(interrupted):
             return False
+        if self.outside is not None:
+            return True  # the calls' results first, then new input
         fresh = self.take_input()
         history = self.transcript.messages
         if not (fresh or resumed or interrupted) and history and history[-1]["role"] == "assistant":
@@ -179,6 +191,8 @@ class Turns:
         )
         if self.run_calls(completion.tool_calls):
             return False
+        if self.outside is not None:
+            return True
         return self.end(more=bool(completion.tool_calls))
 
     def end(self, *, more: bool) -> bool:
@@ -194,6 +208,9 @@ class Turns:
         """Run tool calls in order; True when the turn is over (the run parked or finished)."""
         assert self.profile is not None
         for tool_call in calls:
+            if mcp.is_mcp_call(tool_call["name"]):
+                self.outside = tool_call  # made after this transaction commits what came before it
+                return False
             call = Call(run=self.run, collaborator=self.collaborator, turn=self.turn, call_id=tool_call["id"])
             outcome = execute(call, tool_call["name"], tool_call["arguments"], self.profile.tools)
             if outcome.finished:
@@ -204,6 +221,26 @@ class Turns:
                 return True
             self.transcript.append(self.turn, [tool_message(tool_call["id"], outcome.result)])
         return False
+
+    def call_outside(self) -> bool:
+        """An MCP call: made outside any transaction, then its result stored with the calls after it.
+
+        The calls before it are committed first, so a crash during it never repeats them; the call
+        itself, cut short by a crash, is made again when the run resumes.
+        """
+        tool_call, self.outside = self.outside, None
+        assert tool_call is not None
+        outcome = self.mcp.call(tool_call["name"], tool_call["arguments"])
+        with self.transaction():
+            self.journal("mcp_call", outcome.event)
+            self.transcript.append(self.turn, [tool_message(tool_call["id"], outcome.result)])
+            if self.run_calls(self.interrupted_calls()):
+                return False
+            return True if self.outside is not None else self.end(more=True)
+
+    def still_active(self) -> bool:
+        """Whether the run goes on with more turns (its MCP connections are kept for them)."""
+        return Run.objects.filter(pk=self.run.pk, status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).exists()
 
     def interrupted_calls(self) -> list[dict[str, Any]]:
         """The calls of the last model message that have no result: those after a call that parked."""
@@ -272,7 +309,9 @@ class Turns:
         """Each candidate in order, outside any transaction; a failed one is journaled at once and
         the next is tried. Returns the completion and its latency in milliseconds."""
         assert self.profile is not None
-        tools = schemas(self.profile.tools)
+        if report := self.mcp.connect():
+            self.journal("mcp_connect", {"servers": report})
+        tools = schemas(self.profile.tools) + self.mcp.schemas()
         for model in self.profile.candidates:
             if self.profile.requires and not self.profile.can_run_on(model):
                 self.journal(
@@ -382,6 +421,14 @@ def profile(name: str) -> AgentProfile | None:
 _PROFILE_SQL = f"SELECT {columns(AgentProfile, 'p')} FROM {AgentProfile._meta.db_table} p WHERE p.name = %s"
 
 
+def ring_orchestrator(saga_id: Any, name: str) -> None:
+    """A worker of a prompt rested: its orchestration may be ready for the next step. Advanced here,
+    after this run's last commit, rather than by one more task: one doorbell hop less between the
+    last worker's answer and the primary's first turn. A failure here loses nothing (the periodic
+    resume rings every running prompt)."""
+    worker_rested(str(saga_id), name)
+
+
 def tool_message(call_id: str, result: dict[str, Any]) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": json.dumps(result, ensure_ascii=False)}
 
@@ -396,5 +443,7 @@ def render(item: SteeringItem) -> str:
             attrs["status"] = request.status
     if item.human_request_id:
         attrs["human_request_id"] = item.human_request_id
+    if item.broadcast_id:
+        attrs["broadcast_id"] = item.broadcast_id
     payload = {"error": request.error} if request is not None and request.error else item.payload
     return scripted.header(**attrs) + "\n" + json.dumps(payload, ensure_ascii=False)

@@ -21,6 +21,9 @@ class AgentProfile(models.Model):
     resumable = models.BooleanField(default=False, help_text="Whether a finished run restarts on a new request.")
     max_turns = models.PositiveIntegerField(default=40)
     max_tokens = models.PositiveIntegerField(default=200_000, help_text="Token budget for one run.")
+    mcp_servers = models.JSONField(
+        default=list, blank=True, help_text="Names of the MCP servers whose allowed tools the agent gets."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -42,6 +45,12 @@ def profile_exists(name: str) -> bool:
     return AgentProfile.objects.filter(name=name).exists()
 
 
+def tokens_used(run_ids: list[str]) -> dict[str, int]:
+    """The kernel's question for a team's roster and budget (`AGORA_RUN_TOKENS`): tokens by run."""
+    rows = TranscriptEntry.objects.filter(run_id__in=run_ids).values("run_id").annotate(total=models.Sum("tokens"))
+    return {row["run_id"]: int(row["total"] or 0) for row in rows}
+
+
 class TranscriptEntry(models.Model):
     """One message of a run's conversation, in the chat-completions shape, so any run can resume
     after a crash from exactly what was persisted."""
@@ -61,3 +70,10 @@ class TranscriptEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} #{self.seq} {self.message.get('role')}"
+
+
+# The MCP servers' and the orchestrator's rows live in their own modules; Django finds them here.
+from agents.mcp.models import McpServer  # noqa: E402
+from agents.orchestrator.models import Brain, Prompt  # noqa: E402
+
+__all__ = ["AgentProfile", "Brain", "McpServer", "Prompt", "TranscriptEntry", "profile_exists", "tokens_used"]

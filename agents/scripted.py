@@ -1,8 +1,10 @@
 """The offline provider's playbooks: a deterministic "model" that reads the engine-written steering
 headers in the conversation and answers with tool calls.
 
-A playbook is JSON: `steps` (tool calls made one per model call, in order) and `replies` (the
-payload to reply with per request type, `*` for any). Its tool-call ids are derived from the
+A playbook is JSON: `steps` (tool calls made one per model call, in order), `replies` (the
+payload to reply with per request type, `*` for any) and `on_broadcast` (a teammate's answer to
+each broadcast it hears: `type` and `payload` of an ask back to the lead). A step may wait
+`after` requests of a type have arrived. Its tool-call ids are derived from the
 conversation, so a model call re-executed after a crash asks for exactly the same effects, which
 the idempotency keys then deduplicate.
 """
@@ -83,15 +85,33 @@ def next_move(name: str, messages: list[dict[str, Any]]) -> tuple[str, list[dict
                 calls.append(
                     call(f"reply-{attrs['request_id']}", "reply", {"request_id": attrs["request_id"], **reply})
                 )
+            if attrs.get("broadcast_id") and (answer := playbook.get("on_broadcast")):
+                calls.append(answer_broadcast(answer, attrs, payload))
     done = sum(
         1 for m in messages if m["role"] == "assistant" for c in m.get("tool_calls", []) if c["id"].startswith("step-")
     )
     steps = playbook.get("steps", [])
-    if done < len(steps):
+    if done < len(steps) and ready(steps[done], messages):
         step = steps[done]
         calls.append(call(f"step-{done}", step["tool"], step.get("args", {})))
     text = "" if calls else playbook.get("idle_text", "Nothing more to do for now.")
     return text, calls
+
+
+def ready(step: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
+    """A step with `after: {"type", "count"}` waits until that many requests of the type arrived
+    (a lead that collects its teammates' answers before it goes on); other steps are always ready."""
+    after = step.get("after")
+    if not after:
+        return True
+    seen = sum(
+        1
+        for m in messages
+        if m["role"] == "user"
+        for attrs, _ in parse_items(str(m.get("content") or ""))
+        if attrs.get("kind") == "request" and attrs.get("type") == after["type"]
+    )
+    return seen >= int(after.get("count", 1))
 
 
 def reply_for(playbook: dict[str, Any], type: str, payload: Any) -> dict[str, Any] | None:
@@ -101,6 +121,14 @@ def reply_for(playbook: dict[str, Any], type: str, payload: Any) -> dict[str, An
     if "*" in replies:
         return {"payload": {"echo": payload} if replies["*"] == "echo" else replies["*"]}
     return None
+
+
+def answer_broadcast(answer: dict[str, Any], attrs: dict[str, str], payload: Any) -> dict[str, Any]:
+    """A playbook's `on_broadcast`: an `ask_agent` of `type` back to the broadcast's sender, with the
+    playbook's `payload` and the broadcast it answers."""
+    body = {"broadcast_id": attrs["broadcast_id"], "heard": payload, **answer.get("payload", {})}
+    args = {"to": attrs["from"], "type": answer.get("type", "team.reply"), "mode": "async", "payload": body}
+    return call(f"answer-{attrs['broadcast_id']}", "ask_agent", args)
 
 
 def call(call_id: str, tool: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -8,3 +8,7 @@ from agents.hooks.tasks import run_hooks_task  # noqa: F401  (registered with th
 def run_turn(run_id: str) -> None:
     """One turn of one internal run. Safe to deliver twice: the turn is claimed by compare-and-set."""
     executor.run_turn(run_id)
+
+
+# The orchestrator's tasks register with this module's (Celery discovers `agents.tasks`).
+from agents.orchestrator import tasks as orchestrator_tasks  # noqa: E402, F401

@@ -81,7 +81,34 @@ def delegate(call: Call, name: str, role: str, task: str, profile: str | None = 
 
 
 def finish(call: Call, result: Any = None) -> Outcome:
+    if call.run.team_id is not None:  # a teammate stays: it idles until steering wakes it
+        return Outcome({"status": "idle", "result": result})
     return Outcome({"status": "completed"}, finished=True, extra={"result": result})
+
+
+def spawn_teammate(call: Call, name: str, prompt: str, role: str = "", profile: str | None = None) -> Outcome:
+    mate, _ = actions.spawn_teammate(
+        lead=call.collaborator, name=name, role=role or (profile or "Teammate"), prompt=prompt,
+        profile=profile or call.collaborator.profile, by=call.collaborator.user, idempotency_key=call.idempotency_key,
+    )  # fmt: skip
+    return Outcome(collaborator_card(mate))
+
+
+def broadcast(call: Call, content: Any) -> Outcome:
+    sent, _ = actions.broadcast(
+        lead=call.collaborator, content=content, by=call.collaborator.user, idempotency_key=call.idempotency_key
+    )
+    return Outcome({"broadcast_id": sent.pk, "recipients": sent.recipients})
+
+
+def shutdown_teammate(call: Call, name: str, reason: str = "") -> Outcome:
+    team = actions.team_of(call.collaborator.saga, call.collaborator.handle)
+    handle = name if ":" in name else f"agent:{name}"
+    run = actions.shutdown_teammate(
+        teammate=actions.find_teammate(team, handle), reason=reason or "Shut down by its lead.",
+        by=call.collaborator.user,
+    )  # fmt: skip
+    return Outcome({"id": handle, "status": run.status})
 
 
 ANY: dict[str, Any] = {}  # any JSON value
@@ -151,6 +178,20 @@ TOOLS: dict[str, tuple[Callable[..., Outcome], str, dict[str, Any], list[str]]] 
         ["name", "role", "task"],
     ),
     "finish": (finish, "End your work with a result.", {"result": ANY}, []),
+    "spawn_teammate": (
+        spawn_teammate,
+        "Add a persistent teammate under you: it works on the prompt, then idles until you or others "
+        "send it more; it stays until you shut it down.",
+        {"name": STRING, "role": STRING, "profile": STRING, "prompt": STRING},
+        ["name", "prompt"],
+    ),
+    "broadcast": (broadcast, "Send one message to every teammate of your team at work.", {"content": ANY}, ["content"]),
+    "shutdown_teammate": (
+        shutdown_teammate,
+        "End one of your teammates for good; what it was asked and has not answered fails.",
+        {"name": STRING, "reason": STRING},
+        ["name"],
+    ),
 }
 
 

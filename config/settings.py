@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "journal",
     "sagas",
     "agents",
+    "gateways.mcp",
 ]
 
 MIDDLEWARE = [
@@ -175,6 +176,7 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 RECONCILE_INTERVAL_S = float(os.environ.get("AGORA_RECONCILE_INTERVAL_S", "5"))
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "sagas.tasks.reconcile", "schedule": RECONCILE_INTERVAL_S},
+    "resume-prompts": {"task": "agents.orchestrator.resume_prompts", "schedule": RECONCILE_INTERVAL_S},
 }
 
 REST_FRAMEWORK = {
@@ -235,6 +237,18 @@ AGORA_TURN_SLICE_S = float(os.environ.get("AGORA_TURN_SLICE_S", "0.1"))
 # Which agent profiles exist is the runtime's knowledge; the kernel asks it through this callable
 # (a dotted path, so that the kernel never imports the runtime) before adding an internal agent.
 AGORA_PROFILE_EXISTS = "agents.models.profile_exists"
+# How long one routing step may take (the router's whole fallback chain) before another may retry it.
+AGORA_ROUTING_LEASE_S = float(os.environ.get("AGORA_ROUTING_LEASE_S", "180"))
+# Extra live parts of the saga page, rendered by the runtime (the kernel's page imports none of it):
+# name → (title, context callable(request, saga) -> dict, template, event type prefixes that refresh it).
+AGORA_SAGA_PANELS: dict[str, tuple[str, str, str, list[str]]] = {
+    "prompts": (
+        "Prompts",
+        "agents.orchestrator.views.prompts_part",
+        "agents/parts/prompts.html",
+        ["prompt.", "plan.", "primary.", "review.", "worker_", "run."],
+    ),
+}
 AGORA_RERING_S = float(os.environ.get("AGORA_RERING_S", "15"))
 AGORA_PLAYBOOK_DIRS = env_list("AGORA_PLAYBOOK_DIRS", "")
 # Hook handlers run processes, HTTP calls and code for as long as their timeouts: only inside a
@@ -242,3 +256,8 @@ AGORA_PLAYBOOK_DIRS = env_list("AGORA_PLAYBOOK_DIRS", "")
 AGORA_HOOKS_INLINE = env_bool("AGORA_HOOKS_INLINE", False)
 # Artifacts: the largest one a saga may hold (uploads over it are refused with payload_too_large).
 AGORA_MAX_ARTIFACT_BYTES = int(os.environ.get("AGORA_MAX_ARTIFACT_BYTES", str(5 * 1024 * 1024)))
+# Teams: the budgets a new team starts with, and who counts its tokens (the runtime keeps them).
+AGORA_TEAM_MAX_TEAMMATES = int(os.environ.get("AGORA_TEAM_MAX_TEAMMATES", "8"))
+AGORA_TEAM_MAX_TOKENS = int(os.environ.get("AGORA_TEAM_MAX_TOKENS", "2000000"))
+AGORA_TEAM_IDLE_TIMEOUT_S = float(os.environ.get("AGORA_TEAM_IDLE_TIMEOUT_S", "3600"))
+AGORA_RUN_TOKENS = "agents.models.tokens_used"

@@ -102,6 +102,8 @@ def collaborator_card(collaborator: Collaborator) -> dict[str, Any]:
     if collaborator.is_agent:
         card["status"] = collaborator.run.status
         card["run_id"] = collaborator.run.pk
+        if collaborator.run.team_id is not None:
+            card["team_status"] = collaborator.run.team_status
     return card
 
 

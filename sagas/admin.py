@@ -16,7 +16,17 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from sagas.models import AgentRequest, Collaborator, Delegation, HumanRequest, Run, Saga, SteeringItem
+from sagas.models import (
+    AgentRequest,
+    Broadcast,
+    Collaborator,
+    Delegation,
+    HumanRequest,
+    Run,
+    Saga,
+    SteeringItem,
+    Team,
+)
 
 
 def journal_url(saga_id: UUID) -> str:
@@ -214,3 +224,23 @@ class HumanRequestAdmin(ReadOnlyAdmin):
     @admin.display(description="answer")
     def answer_(self, human_request: HumanRequest) -> SafeString:
         return pretty_json(human_request.answer)
+
+
+@admin.register(Team)
+class TeamAdmin(ReadOnlyAdmin):
+    """Budgets change through `configure_team` (PATCH /api/v1/sagas/{id}/teams/{lead}/), journaled."""
+
+    list_display = ("lead", "saga", "max_teammates", "max_tokens", "idle_timeout_s", "created_at", "saga_links")
+    search_fields = ("lead__name", "saga__title", "=saga__id")
+    list_select_related = ("lead", "saga")
+    fields = ("saga", "lead", "max_teammates", "max_tokens", "idle_timeout_s", "created_at")
+    readonly_fields = fields
+
+
+@admin.register(Broadcast)
+class BroadcastAdmin(ReadOnlyAdmin):
+    list_display = ("id", "team", "sender", "created_at")
+    search_fields = ("=id", "team__lead__name", "sender")
+    list_select_related = ("team__lead",)
+    fields = ("id", "team", "sender", "content", "recipients", "idempotency_key", "created_at")
+    readonly_fields = fields

@@ -16,7 +16,9 @@ from django.db.models.functions import Coalesce
 
 from journal.models import JournalEvent
 from sagas.access import JournalLens, SagaTree, may_manage
-from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga
+from sagas.actions.teams import Teammate, lead_inbox, roster
+from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga, SteeringItem
+from sagas.models import Team as TeamModel
 
 PAGE_SIZE = 50
 FETCH_LIMIT = 200
@@ -399,6 +401,12 @@ def describe(event: JournalEvent) -> str:
         return text
     if kind == "steering.message":
         return f"sent a message to {d.get('to')}"
+    if kind == "team.spawned":
+        return f"spawned teammate {d.get('teammate')} ({d.get('role') or d.get('profile')}) for {d.get('lead')}"
+    if kind == "team.broadcast":
+        return f"broadcast to {len(d.get('recipients') or [])} teammates: {short(d.get('content'), 120)}"
+    if kind == "team.configured":
+        return f"set {d.get('lead')}'s team budgets: {d.get('max_teammates')} teammates, {d.get('max_tokens')} tokens"
     if kind == "human_request.created":
         return f"asked {d.get('to')}: “{d.get('title', '')}”"
     if kind == "human_request.answered":
@@ -429,6 +437,7 @@ def event_tone(event_type: str) -> str:
         "steering": "amber",
         "human": "pink",
         "worker": "green",
+        "team": "amber",
     }.get(head, "grey")
 
 
@@ -438,3 +447,31 @@ def pretty(value: Any) -> str:
 
 def latest_seq(events: Iterable[JournalEvent]) -> int:
     return max((e.seq for e in events), default=0)
+
+
+# --- persistent teams: roster and lead inbox ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TeamView:
+    team: TeamModel
+    teammates: list[Teammate]
+    inbox: list[SteeringItem]
+    unread: int
+
+    @property
+    def at_work(self) -> int:
+        return sum(1 for m in self.teammates if m.status != "shutdown")
+
+    @property
+    def tokens(self) -> int:
+        return sum(m.tokens for m in self.teammates)
+
+
+def teams(saga: Saga, *, inbox_limit: int = 20) -> list[TeamView]:
+    """Each team of the saga with its roster and its lead's inbox (what teammates sent it)."""
+    views = []
+    for found in TeamModel.objects.filter(saga=saga).select_related("lead", "saga").order_by("created_at"):
+        inbox, unread = lead_inbox(found, limit=inbox_limit)
+        views.append(TeamView(team=found, teammates=roster(found), inbox=inbox, unread=unread))
+    return views

@@ -28,3 +28,6 @@ IdempotencyConflict = _error("IdempotencyConflict", "idempotency_conflict", 409,
 InvalidState = _error("InvalidState", "invalid_state", 409, "Invalid state")
 NameTaken = _error("NameTaken", "name_taken", 409, "Name taken")
 RequestClosed = _error("RequestClosed", "request_closed", 409, "Request closed")
+NotTeamLead = _error("NotTeamLead", "not_team_lead", 403, "Not the team's lead")
+TeamFull = _error("TeamFull", "team_full", 409, "Team full")
+TeamBudgetExhausted = _error("TeamBudgetExhausted", "team_budget_exhausted", 409, "Team budget exhausted")

@@ -19,6 +19,10 @@ def new_request_id() -> str:
     return new_id("req")
 
 
+def new_broadcast_id() -> str:
+    return new_id("bc")
+
+
 def new_human_request_id() -> str:
     return new_id("hreq")
 
@@ -156,6 +160,11 @@ class Run(models.Model):
 
     id = models.CharField(primary_key=True, max_length=32, default=new_run_id, editable=False)
     collaborator = models.OneToOneField(Collaborator, on_delete=models.CASCADE, related_name="run")
+    team = models.ForeignKey(
+        "Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs",
+        help_text="Set for a persistent teammate: it idles between tasks instead of finishing.",
+    )  # fmt: skip
+    spawn_key = models.CharField(max_length=200, blank=True, help_text="The Idempotency-Key of a teammate's spawn.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     turn = models.PositiveIntegerField(default=0, help_text="Turns started so far.")
     lease_until = models.DateTimeField(null=True, blank=True)
@@ -173,7 +182,10 @@ class Run(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=~Q(status="waiting") | Q(wait_until__isnull=False), name="run_waiting_has_deadline"
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["team", "spawn_key"], condition=~Q(spawn_key=""), name="run_spawn_idempotency_unique"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -182,6 +194,59 @@ class Run(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in self.FINISHED
+
+    @property
+    def team_status(self) -> str:
+        """What a team's roster says of its run: working, idle, waiting or shutdown."""
+        return TEAM_STATUS.get(self.status, "shutdown")
+
+
+TEAM_STATUS: dict[str, str] = {
+    Run.Status.QUEUED: "working",
+    Run.Status.RUNNING: "working",
+    Run.Status.IDLE: "idle",
+    Run.Status.WAITING: "waiting",
+}
+
+
+class Team(models.Model):
+    """A lead agent's persistent teammates (its delegates spawned as a team), with their budgets."""
+
+    saga = models.ForeignKey(Saga, on_delete=models.CASCADE, related_name="teams")
+    lead = models.OneToOneField(Collaborator, on_delete=models.CASCADE, related_name="team")
+    max_teammates = models.PositiveIntegerField(help_text="Teammates at work at once (shut down ones do not count).")
+    max_tokens = models.PositiveBigIntegerField(help_text="Tokens all teammates together may use.")
+    idle_timeout_s = models.FloatField(help_text="A teammate idle longer than this is shut down; 0: never.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"team of {self.lead}"
+
+
+class Broadcast(models.Model):
+    """One broadcast of a team's lead: one steering item per teammate active at that instant."""
+
+    id = models.CharField(primary_key=True, max_length=32, default=new_broadcast_id, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="broadcasts")
+    sender = models.CharField(max_length=160, help_text="The engine-written sender id.")
+    content = models.JSONField()
+    recipients = models.JSONField(default=list, help_text="The teammates' ids it was written to.")
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    body_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "sender", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="broadcast_idempotency_unique",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.pk
 
 
 class AgentRequest(models.Model):
@@ -310,6 +375,7 @@ class SteeringItem(models.Model):
     sender = models.CharField(max_length=160, help_text="The engine-written sender id, such as agent:coder-01.")
     request = models.ForeignKey(AgentRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     human_request = models.ForeignKey(HumanRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    broadcast = models.ForeignKey(Broadcast, null=True, blank=True, on_delete=models.CASCADE, related_name="items")
     payload = models.JSONField(null=True, blank=True)
     consumed_turn = models.PositiveIntegerField(null=True, blank=True)
     consumed_at = models.DateTimeField(null=True, blank=True)
@@ -323,6 +389,11 @@ class SteeringItem(models.Model):
                 fields=["recipient", "request", "kind"],
                 condition=Q(request__isnull=False),
                 name="steering_one_per_request_kind",
+            ),
+            models.UniqueConstraint(
+                fields=["recipient", "broadcast"],
+                condition=Q(broadcast__isnull=False),
+                name="steering_one_per_broadcast",
             ),
             models.UniqueConstraint(
                 fields=["recipient", "human_request", "kind"],

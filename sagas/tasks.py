@@ -19,6 +19,9 @@ def reconcile() -> dict[str, int]:
         "waits_ended": sum(actions.end_wait(request_id=i) for i in list(actions.due_wait_ids(now))),
         "expired": sum(actions.expire_request(request_id=i) for i in list(actions.due_expiry_ids(now))),
     }
+    counts["teammates_shut_down"] = sum(
+        actions.shut_down_idle(run_id=i, now=now) for i in actions.idle_teammate_ids(now)
+    )
     counts["runs_rung"] = requeue_runs(now)
     return counts
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -16,6 +17,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
+from django.utils.module_loading import import_string
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import User
@@ -133,6 +135,11 @@ def render_saga(
     }
     for part in PARTS.values():
         context.update(part(request, saga))
+    panels: list[dict[str, str]] = []
+    for name, (title, part_path, template, prefixes) in settings.AGORA_SAGA_PANELS.items():
+        context.update(import_string(part_path)(request, saga))
+        panels.append({"name": name, "title": title, "template": template, "events": ",".join(prefixes)})
+    context["panels"] = panels
     context["inbox"], context["answered"] = dashboard.inbox_for(saga, request.user, bound=bound)
     return render(request, "sagas/saga_detail.html", context, status=status)
 
@@ -160,6 +167,10 @@ def workers_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
     return {"workers": dashboard.workers(saga, JournalLens(request.user, saga))}
 
 
+def teams_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
+    return {"teams": dashboard.teams(saga)}
+
+
 def stats_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
     return {**team_part(request, saga), **requests_part(request, saga), "event_count": saga.journal_events.count()}
 
@@ -169,6 +180,7 @@ PARTS: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
     "team": team_part,
     "requests": requests_part,
     "workers": workers_part,
+    "teams": teams_part,
 }
 PART_TEMPLATES = {
     "team": "sagas/parts/team.html",
@@ -177,6 +189,7 @@ PART_TEMPLATES = {
     "requests": "sagas/parts/requests.html",
     "workers": "sagas/parts/workers.html",
     "inbox": "sagas/parts/inbox.html",
+    "teams": "sagas/parts/teams.html",
 }
 PART_CONTEXT: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
     "team": team_part,
@@ -185,6 +198,7 @@ PART_CONTEXT: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
     "requests": requests_part,
     "workers": workers_part,
     "inbox": inbox_part,
+    "teams": teams_part,
 }
 
 
@@ -193,6 +207,9 @@ PART_CONTEXT: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
 def saga_part(request: HttpRequest, saga_id: UUID, part: str) -> HttpResponse:
     """One live part of the page, re-fetched by the page's script when a journal event arrives."""
     saga = visible_saga(request, saga_id)
+    if part in settings.AGORA_SAGA_PANELS:  # a part the runtime renders (settings.AGORA_SAGA_PANELS)
+        _, part_path, template, _ = settings.AGORA_SAGA_PANELS[part]
+        return render(request, template, {"saga": saga, **import_string(part_path)(request, saga)})
     if part not in PART_TEMPLATES:
         raise Http404(f"No part {part}.")
     context = {"saga": saga, **PART_CONTEXT[part](request, saga)}

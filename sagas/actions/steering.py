@@ -14,7 +14,7 @@ from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id
 from sagas.actions.locking import lock_saga
 from sagas.actions.payloads import check_payload
-from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga, SteeringItem
+from sagas.models import AgentRequest, Broadcast, Collaborator, HumanRequest, Run, Saga, SteeringItem
 from sagas.wakeups import publish_after_commit, ring_run_after_commit, steering_channel
 
 # Every request and reply goes through push_steering(): plain statements for its two updates.
@@ -31,6 +31,7 @@ def push_steering(
     sender: str,
     request: AgentRequest | None = None,
     human_request: HumanRequest | None = None,
+    broadcast: Broadcast | None = None,
     payload: Any = None,
 ) -> SteeringItem:
     """Append to the recipient's steering and wake it after commit; never interrupts a running turn."""
@@ -39,7 +40,7 @@ def push_steering(
         (seq,) = cursor.fetchone()
     item = insert(SteeringItem(
         recipient=recipient, seq=seq, kind=kind, sender=sender, request=request, human_request=human_request,
-        payload=payload,
+        broadcast=broadcast, payload=payload,
     ))  # fmt: skip
     wake(recipient)
     return item

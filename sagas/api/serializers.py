@@ -101,6 +101,7 @@ class CollaboratorOutput(Shape):
     task = serializers.CharField()
     status = one_of(Run.Status.choices, required=False, help_text="Agents only.")
     run_id = serializers.CharField(required=False, help_text="Agents only.")
+    team_status = serializers.CharField(required=False, help_text="Teammates only: working, idle, waiting or shutdown.")
 
 
 class CollaboratorAddedOutput(CollaboratorOutput):

@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from sagas.api import artifacts, schema, views  # noqa: F401  (schema: its OpenAPI extensions register themselves)
+from sagas.api import artifacts, schema, teams, views  # noqa: F401  (schema: its OpenAPI extensions register themselves)
 from sagas.api.waiting import waiting_view
 
 urlpatterns = [
@@ -14,6 +14,19 @@ urlpatterns = [
     ),
     path("sagas/<uuid:saga_id>/requests/", waiting_view(views.AgentRequestCreateApi), name="api-requests"),
     path("sagas/<uuid:saga_id>/human-requests/", views.HumanRequestCreateApi.as_view(), name="api-human-requests"),
+    path("sagas/<uuid:saga_id>/teams/<str:lead>/", teams.TeamDetailApi.as_view(), name="api-team"),
+    path("sagas/<uuid:saga_id>/teams/<str:lead>/teammates/", teams.TeammateSpawnApi.as_view(), name="api-team-spawn"),
+    path(
+        "sagas/<uuid:saga_id>/teams/<str:lead>/teammates/<str:cid>/shutdown/",
+        teams.TeammateShutdownApi.as_view(),
+        name="api-team-shutdown",
+    ),
+    path(
+        "sagas/<uuid:saga_id>/teams/<str:lead>/broadcasts/",
+        teams.BroadcastCreateApi.as_view(),
+        name="api-team-broadcast",
+    ),
+    path("sagas/<uuid:saga_id>/teams/<str:lead>/inbox/", teams.InboxApi.as_view(), name="api-team-inbox"),
     path("sagas/<uuid:saga_id>/journal/", views.JournalEventListApi.as_view(), name="api-journal"),
     path("sagas/<uuid:saga_id>/artifacts/", artifacts.ArtifactCollectionApi.as_view(), name="api-artifacts"),
     path("sagas/<uuid:saga_id>/artifacts/<str:name>", artifacts.ArtifactDownloadApi.as_view(), name="api-artifact"),

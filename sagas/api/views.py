@@ -30,8 +30,9 @@ from journal.models import JournalEvent
 from sagas import actions, errors
 from sagas.access import JournalLens, collaborator_card, collaborator_for, may_manage, visible_collaborators
 from sagas.api import serializers as s
-from sagas.api.waiting import Done, Wait, WaitingResponse, hold_wait
+from sagas.api.waiting import Done, Wait, WaitingResponse
 from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga, SteeringItem
+from sagas.waits import hold_wait
 from sagas.wakeups import request_channel, steering_channel
 
 STEERING_PAGE = 200  # items per steering response; the client pages on with `after`

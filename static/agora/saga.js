@@ -28,15 +28,25 @@
   const dirty = new Set();
   let fetching = false;
 
-  // Which live parts an event can change.
+  // Which live parts an event can change: the page's own, and the panels that name the event
+  // types they show (data-events, comma-separated prefixes).
+  const panels = [...document.querySelectorAll("[data-part][data-events]")].map((el) => ({
+    name: el.dataset.part,
+    prefixes: el.dataset.events.split(",").filter(Boolean),
+  }));
   function partsFor(type) {
+    const extra = panels.filter((p) => p.prefixes.some((prefix) => type.startsWith(prefix))).map((p) => p.name);
+    return [...baseParts(type), ...extra];
+  }
+
+  function baseParts(type) {
     if (type.startsWith("human_request.")) return ["inbox", "stats"];
-    if (type.startsWith("request.")) return ["requests", "team", "roster", "stats"];
+    if (type.startsWith("request.")) return ["requests", "team", "roster", "teams", "stats"];
     if (type.startsWith("worker_") || type.startsWith("run.") || type === "llm_call" || type === "model_fallback") {
-      return ["workers", "team", "roster", "stats"];
+      return ["workers", "team", "roster", "teams", "stats"];
     }
     if (type.startsWith("steering.")) return ["stats"];
-    return ["team", "roster", "stats"];
+    return ["team", "roster", "teams", "stats"];
   }
 
   function setStatus(name, text) {

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from agents.actions import load_profiles
-from agents.models import TranscriptEntry
+from agents.models import Prompt, TranscriptEntry
 from journal.models import JournalEvent
 from sagas import actions
 from sagas.models import Collaborator, Delegation, HumanRequest, Run, Saga
@@ -135,11 +135,20 @@ def test_the_demo_saga_plays_out_with_the_scripted_agents(worker: CeleryWorker, 
     # The review is asked asynchronously and answered in the reviewer's own time.
     wait_until(lambda: completed_types() >= {"test.plan", "code.review", "changelog.ready"}, what="every reply")
     assert form.addressee.handle == "human:demo" and form.status == "pending"
-    assert {c.handle for c in Collaborator.objects.filter(saga=saga)} == {
-        "human:demo", "agent:coder", "agent:tester", "agent:reviewer", "agent:docs-writer",
+    # The team: both teammates answered the lead's broadcast, and the checker was let go.
+    wait_until(lambda: saga.requests.filter(type="team.reply", status="completed").count() == 2, what="the team")
+    checker = Collaborator.objects.get(saga=saga, name="checker")
+    wait_until(lambda: Run.objects.get(collaborator=checker).status == Run.Status.SHUTDOWN, what="the shutdown")
+    assert {c.handle for c in Collaborator.objects.filter(saga=saga).exclude(name__startswith="brain-")} == {
+        "human:demo", "agent:coder", "agent:tester", "agent:reviewer", "agent:docs-writer", "agent:lead",
+        "agent:scout", "agent:checker",
     }  # fmt: skip
+    # Beside them, one orchestration: three workers, a primary and a review, all scripted.
+    prompt = wait_until(lambda: Prompt.objects.filter(saga=saga).exclude(status="running").first(), timeout=30)
+    assert prompt.status == "completed" and len(prompt.results) == 3 and prompt.answer
+    assert prompt.review is not None and prompt.review["decision"] == "approve"
     types = set(JournalEvent.objects.filter(saga=saga).values_list("type", flat=True))
     assert {"worker_start", "llm_call", "request.created", "request.completed", "human_request.created"} <= types
 
     call_command("seed_demo")  # a second `make run` adds nothing
-    assert Saga.objects.filter(owner=demo).count() == 1
+    assert Saga.objects.filter(owner=demo).count() == 1 and Prompt.objects.count() == 1

@@ -283,6 +283,8 @@ def test_the_openapi_document_and_its_docs(alice: User, tmp_path: Path) -> None:
         "/api/v1/requests/{request_id}/reply/",
         "/api/v1/human-requests/{human_request_id}/answer/",
         "/api/v1/sagas/{saga_id}/journal/",
+        "/api/v1/sagas/{saga_id}/prompts/",
+        "/api/v1/prompts/{prompt_id}/",
     ):
         assert path in paths, path
     assert set(paths["/api/v1/sagas/{saga_id}/requests/"]["post"]["responses"]) >= {"200", "202", "409", "413"}

@@ -10,8 +10,8 @@ from redis import Redis
 from accounts.models import User
 from sagas import errors
 from sagas.actions import add_agent, answer_human_request, ask_human
-from sagas.api.waiting import hold_wait
 from sagas.models import AgentRequest, Collaborator, HumanRequest
+from sagas.waits import hold_wait
 from tests.sagas.api_http import client_for, problem
 from tests.sagas.conftest import MakeTeam
 from tests.sagas.kernel import Team

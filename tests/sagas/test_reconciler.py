@@ -41,7 +41,7 @@ from tests.support import CeleryWorker, wait_until
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
-NOTHING = {"waits_ended": 0, "expired": 0, "runs_rung": 0}
+NOTHING = {"waits_ended": 0, "expired": 0, "teammates_shut_down": 0, "runs_rung": 0}
 
 
 def ask(team: Team, sender: str = "lead", to: str = "coder", **options: Any) -> AgentRequest:
@@ -270,7 +270,7 @@ def test_two_reconcilers_at_once_do_each_thing_once(
 
     assert all(isinstance(r, dict) for r in results), results
     totals = {key: sum(r[key] for r in results) for key in NOTHING}
-    assert totals == {"waits_ended": 1, "expired": 4, "runs_rung": 2}
+    assert totals == {"waits_ended": 1, "expired": 4, "teammates_shut_down": 0, "runs_rung": 2}
     assert {r.pk: r.status for r in AgentRequest.objects.all()} == {
         **{r.pk: "expired" for r in waits[:2] + expiring},
         waits[2].pk: "pending",

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agents", "0001_runtime"),
+        ("agents", "0003_orchestrator"),
         ("sagas", "0003_run_waits_only_on_requests"),
     ]
 

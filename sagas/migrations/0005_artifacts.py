@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("sagas", "0003_run_waits_only_on_requests"),
+        ("sagas", "0004_teams"),
     ]
 
     operations = [

@@ -1,0 +1,166 @@
+"""The orchestrator's writes: submitting a prompt and loading brains. Step transitions live in
+`steps`, each a compare-and-set in a saga transaction."""
+
+import hashlib
+import json
+import logging
+import re
+from functools import partial
+from typing import Any
+
+from celery import current_app
+from django.db import transaction
+from kombu.exceptions import OperationalError as BrokerError
+from redis.exceptions import RedisError
+
+from accounts.models import User
+from agents.models import AgentProfile
+from agents.orchestrator.models import Brain, Prompt
+from agents.orchestrator.plans import RESERVED_SLOTS
+from journal.actions import record
+from sagas import actions, errors
+from sagas.access import may_manage
+from sagas.models import Collaborator, Saga
+
+logger = logging.getLogger(__name__)
+
+ADVANCE_TASK = "agents.orchestrator.advance_prompt"
+MAX_PROMPT_CHARS = 20_000
+ROLE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+
+
+def ring_prompt(prompt_id: str) -> None:
+    """The doorbell of one orchestration; losing it delays it, the periodic resume rings again."""
+    try:
+        current_app.send_task(ADVANCE_TASK, args=[prompt_id])
+    except (BrokerError, RedisError, OSError) as exc:
+        logger.warning("could not ring prompt %s (the resume will): %s", prompt_id, exc)
+
+
+def ring_prompt_after_commit(prompt_id: str) -> None:
+    transaction.on_commit(partial(ring_prompt, prompt_id))
+
+
+def body_hash(**fields: Any) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def default_brain() -> Brain | None:
+    return Brain.objects.filter(name="default").first() or Brain.objects.first()
+
+
+@transaction.atomic
+def submit_prompt(
+    *,
+    saga: Saga,
+    by: User,
+    text: str,
+    team: list[str] | None = None,
+    brain: str = "",
+    images: list[str] | None = None,
+    idempotency_key: str = "",
+) -> tuple[Prompt, bool]:
+    """Start an orchestration on a prompt: its lead `agent:brain-…` joins the saga, the routing
+    step is rung after commit. Managers only. Returns the prompt and whether it is new (a retry
+    with the same Idempotency-Key and body returns the first one)."""
+    if not may_manage(by, saga):
+        raise errors.Forbidden("Only managers of the saga submit prompts.")
+    team, images = list(team or []), list(images or [])
+    digest = body_hash(text=text, team=team, brain=brain, images=images)
+    if idempotency_key:
+        first = Prompt.objects.filter(saga=saga, submitted_by=by, idempotency_key=idempotency_key).first()
+        if first is not None:
+            if first.body_hash != digest:
+                raise errors.IdempotencyConflict("This Idempotency-Key was used for another prompt.")
+            return first, False
+    if saga.is_finished:
+        raise errors.InvalidState(f"The saga is {saga.status}.")
+    if not text.strip():
+        raise errors.InvalidPayload("An empty prompt.", errors={"prompt": ["Required."]})
+    if len(text) > MAX_PROMPT_CHARS:
+        raise errors.InvalidPayload("The prompt is too long.", errors={"prompt": [f"At most {MAX_PROMPT_CHARS}."]})
+    chosen = Brain.objects.filter(name=brain).first() if brain else default_brain()
+    if chosen is None:
+        raise errors.InvalidPayload(
+            f"No brain {brain!r}.", errors={"brain": ["No such brain; `load_brains` adds them."]}
+        )
+    if unknown := [r for r in team if r not in chosen.roles]:
+        raise errors.InvalidPayload(
+            f"Unknown roles {', '.join(map(str, unknown))}.",
+            errors={"team": [f"Roles of {chosen.name}: {sorted(chosen.roles)}."]},
+        )
+    if len(set(team)) != len(team) or len(team) > chosen.max_parallel_agents:
+        raise errors.InvalidPayload(
+            "Bad team.", errors={"team": [f"Distinct roles, at most {chosen.max_parallel_agents}."]}
+        )
+    prompt = Prompt.objects.create(
+        saga=saga, brain=chosen, submitted_by=by, text=text, team=team, images=images,
+        idempotency_key=idempotency_key, body_hash=digest,
+    )  # fmt: skip
+    lead, _ = actions.add_agent(
+        saga=saga, name=prompt.lead_name, role="Brain", task=text[:2000], runtime=Collaborator.Runtime.EXTERNAL, by=by
+    )
+    Prompt.objects.filter(pk=prompt.pk).update(lead=lead)
+    prompt.lead = lead
+    record(
+        saga_id=saga.pk,
+        type="prompt.submitted",
+        actor=f"{by.kind}:{by.username}",
+        data={"prompt_id": str(prompt.pk), "lead": lead.handle, "brain": chosen.name, "prompt": text[:2000],
+              "team": team},
+    )  # fmt: skip
+    ring_prompt_after_commit(str(prompt.pk))
+    return prompt, True
+
+
+BRAIN_FIELDS = {f.name for f in Brain._meta.get_fields()} - {"id", "updated_at", "prompts"}
+
+
+class InvalidBrains(ValueError):
+    pass
+
+
+@transaction.atomic
+def load_brains(*, entries: Any) -> tuple[int, int]:
+    """Create or update brains by name; all of them or none. Returns (created, updated)."""
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise InvalidBrains("A brains file holds a list of objects.")
+    created = updated = 0
+    for entry in entries:
+        name = entry.get("name", "?")
+        if missing := {"name", "planner_profile", "roles", "default_primary"} - set(entry):
+            raise InvalidBrains(f"Brain {name!r} lacks {', '.join(sorted(missing))}.")
+        if unknown := set(entry) - BRAIN_FIELDS:
+            raise InvalidBrains(f"Brain {name!r} has unknown keys: {', '.join(sorted(unknown))}.")
+        roles = entry["roles"]
+        if not isinstance(roles, dict) or not roles:
+            raise InvalidBrains(f"Brain {name!r}: roles maps role names to profile names.")
+        if bad := [
+            r
+            for r in roles
+            if not ROLE_RE.match(str(r)) or (r in RESERVED_SLOTS and r != entry.get("review_role", "review"))
+        ]:
+            raise InvalidBrains(f"Brain {name!r}: bad role names {bad}.")
+        profiles = {*roles.values(), entry["planner_profile"]}
+        if missing_profiles := profiles - set(
+            AgentProfile.objects.filter(name__in=profiles).values_list("name", flat=True)
+        ):
+            raise InvalidBrains(f"Brain {name!r}: no profiles {sorted(missing_profiles)}.")
+        for role, patterns in (entry.get("signals") or {}).items():
+            if role not in roles or not isinstance(patterns, list):
+                raise InvalidBrains(f"Brain {name!r}: signals of {role!r} must be a list, for a known role.")
+            for pattern in patterns:
+                try:
+                    re.compile(pattern)
+                except (re.error, TypeError) as exc:
+                    raise InvalidBrains(f"Brain {name!r}: bad signal {pattern!r}: {exc}") from exc
+        if entry["default_primary"] not in roles:
+            raise InvalidBrains(f"Brain {name!r}: default_primary is not one of its roles.")
+        brain = Brain.objects.filter(name=name).first() or Brain(name=name)
+        is_new = brain.pk is None
+        for key, value in entry.items():
+            setattr(brain, key, value)
+        brain.full_clean()
+        brain.save()
+        created, updated = created + is_new, updated + (not is_new)
+    return created, updated

@@ -1,0 +1,127 @@
+"""`POST /api/v1/sagas/{id}/prompts/` and `GET /api/v1/prompts/{prompt_id}/`: one view per operation,
+with the kernel's problem+json error codes. Lookups are scoped to the caller: to an outsider a
+saga or prompt that exists looks exactly like one that does not (404 `not_found`)."""
+
+from typing import Any
+from uuid import UUID
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import exceptions, serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.models import User
+from agents.orchestrator.actions import submit_prompt
+from agents.orchestrator.models import Prompt
+from config.parsers import LimitedJSONParser
+from sagas import errors
+from sagas.models import Saga
+
+
+class PromptProblem(serializers.Serializer):
+    """An error, as `application/problem+json` with a stable `code`."""
+
+    type = serializers.CharField()
+    title = serializers.CharField()
+    status = serializers.IntegerField()
+    code = serializers.CharField()
+    detail = serializers.CharField()
+
+
+class PromptCreateInput(serializers.Serializer):
+    prompt = serializers.CharField(max_length=20_000, trim_whitespace=True)
+    team = serializers.ListField(child=serializers.CharField(max_length=40), required=False, default=list)
+    brain = serializers.CharField(max_length=64, required=False, default="")
+    images = serializers.ListField(
+        child=serializers.CharField(max_length=2000), required=False, default=list, max_length=8
+    )
+
+
+class PromptCreatedOutput(serializers.Serializer):
+    prompt_id = serializers.UUIDField()
+    status = serializers.CharField(help_text="running")
+    lead = serializers.CharField(help_text="The orchestration's lead collaborator, agent:brain-….")
+
+
+class PromptOutput(serializers.Serializer):
+    prompt_id = serializers.UUIDField()
+    saga = serializers.UUIDField()
+    brain = serializers.CharField()
+    lead = serializers.CharField()
+    status = serializers.CharField(help_text=" | ".join(Prompt.Status.values))
+    step = serializers.CharField(help_text=" → ".join(Prompt.Step.values))
+    prompt = serializers.CharField()
+    team = serializers.ListField(child=serializers.CharField())
+    plan = serializers.JSONField(allow_null=True, help_text="{primary_role, workers, requires_review, reason, source}")
+    results = serializers.JSONField(help_text="Each support worker's WorkerResult, with its role and goal.")
+    answer = serializers.CharField(allow_blank=True, help_text="The primary's answer.")
+    review = serializers.JSONField(allow_null=True)
+    final_answer = serializers.CharField(allow_blank=True)
+    reason = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+def problems(*statuses: int) -> dict[tuple[int, str], OpenApiResponse]:
+    problem = OpenApiResponse(PromptProblem, description="A problem with a stable `code`.")
+    return {(status, "application/problem+json"): problem for status in statuses}
+
+
+def principal(request: Request) -> User:
+    if not isinstance(request.user, User):
+        raise exceptions.NotAuthenticated()
+    return request.user
+
+
+def idempotency_key(request: Request) -> str:
+    key = request.headers.get("Idempotency-Key", "").strip()
+    if len(key) > 200:
+        raise exceptions.ValidationError({"Idempotency-Key": ["At most 200 characters."]})
+    return key
+
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    description="Retries with the same key and body return the first prompt; another body → 409.",
+)
+
+
+class PromptCreateApi(APIView):
+    parser_classes = [LimitedJSONParser]
+
+    @extend_schema(
+        operation_id="prompts_create",
+        parameters=[IDEMPOTENCY_KEY],
+        request=PromptCreateInput,
+        responses={202: PromptCreatedOutput, **problems(400, 401, 403, 404, 409)},
+    )
+    def post(self, request: Request, saga_id: UUID) -> Response:
+        """Run the Brain on a prompt (managers of the saga); `team` forces roles (no router, no review)."""
+        user = principal(request)
+        saga = Saga.objects.visible_to(user).filter(pk=saga_id).first()
+        if saga is None:
+            raise errors.NotFound(f"No saga {saga_id}.")
+        serializer = PromptCreateInput(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data: dict[str, Any] = dict(serializer.validated_data)
+        prompt, _ = submit_prompt(
+            saga=saga, by=user, text=data["prompt"], team=data["team"], brain=data["brain"], images=data["images"],
+            idempotency_key=idempotency_key(request),
+        )  # fmt: skip
+        body = {"prompt_id": prompt.pk, "status": prompt.status, "lead": f"agent:{prompt.lead_name}"}
+        return Response(PromptCreatedOutput(body).data, status=202)
+
+
+class PromptDetailApi(APIView):
+    @extend_schema(operation_id="prompts_retrieve", responses={200: PromptOutput, **problems(401, 404)})
+    def get(self, request: Request, prompt_id: UUID) -> Response:
+        """The orchestration: status, plan, every WorkerResult, the primary's answer, the review."""
+        visible = Saga.objects.visible_to(principal(request))
+        prompt = Prompt.objects.select_related("brain").filter(pk=prompt_id, saga__in=visible).first()
+        if prompt is None:
+            raise errors.NotFound(f"No prompt {prompt_id}.")
+        return Response(PromptOutput(prompt.as_dict()).data)

@@ -1,0 +1,242 @@
+"""What crosses the boundary between the Brain and a worker: the HandoffPacket going out, the
+WorkerResult coming back (normalized whatever the worker said), the one formatter that shows
+results to the primary and the reviewer, and the review gate.
+
+A failure is a result (`progress.status = failed`, the error in `risks`), never an exception that
+loses the other workers' results.
+"""
+
+import json
+from typing import Any
+
+from agents.orchestrator.plans import parse_json_object
+
+Handoff = dict[str, Any]
+WorkerResult = dict[str, Any]
+PROGRESS = ("completed", "failed", "blocked", "partial")
+DECISIONS = ("approve", "changes_requested", "blocked")
+SEVERITIES = ("critical", "high", "medium", "low", "info")
+
+WORKER_CONSTRAINTS = [
+    "Work only from this handoff and the original request; you do not see other workers.",
+    "Do not address other agents; your result goes back to the Brain.",
+    "Finish with your result as the JSON object described in expected_result.",
+]
+
+
+def handoff(*, prompt_id: str, slot: str, goal: str, original_prompt: str, expected: str) -> Handoff:
+    """A self-contained HandoffPacket for one worker (its ids derive from the prompt and the slot)."""
+    return {
+        "id": f"handoff:{prompt_id}:{slot}",
+        "task": {
+            "id": f"task:{prompt_id}:{slot}",
+            "parent_id": f"prompt:{prompt_id}",
+            "goal": goal,
+            "original_prompt": original_prompt,
+        },
+        "constraints": list(WORKER_CONSTRAINTS),
+        "expected_result": expected,
+    }
+
+
+def result_shape(packet: Handoff) -> dict[str, Any]:
+    return {
+        "task_id": packet["task"]["id"],
+        "parent_id": packet["task"]["parent_id"],
+        "progress": {"status": "completed|failed|blocked|partial"},
+        "summary": "string",
+        "artifacts": [{"kind": "file|thread|summary|artifact|check", "uri": "string", "label": "string"}],
+        "risks": ["string"],
+        "next_questions": ["string"],
+    }
+
+
+def support_worker_task(packet: Handoff) -> str:
+    """The support worker's whole input: the request, its handoff, and the answer's shape (with the
+    ids filled in, so that the worker echoes them)."""
+    return (
+        f"Original request:\n{packet['task']['original_prompt']}\n\n"
+        f"Your handoff:\n{json.dumps(packet, ensure_ascii=False)}\n\n"
+        f"Answer by calling finish with this JSON object as its result:\n{json.dumps(result_shape(packet))}"
+    )
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value] if value.strip() else []
+    if isinstance(value, list):
+        return [str(v) for v in value if v not in (None, "")]
+    return []
+
+
+def _artifacts(value: Any) -> list[dict[str, str]]:
+    found = []
+    for entry in value if isinstance(value, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("uri"), str):
+            found.append({k: str(entry[k]) for k in ("kind", "uri", "label", "status") if k in entry})
+    return found
+
+
+def normalize_worker_result(output: Any, packet: Handoff) -> WorkerResult:
+    """A WorkerResult from whatever the worker finished with: the expected JSON (an object, or text
+    holding one), or plain text, which becomes the summary. The ids always come from the handoff."""
+    data = output if isinstance(output, dict) else parse_json_object(output) if isinstance(output, str) else None
+    text = output if isinstance(output, str) else "" if output is None else json.dumps(output, ensure_ascii=False)
+    known = {"summary", "progress", "risks", "artifacts", "next_questions", "nextQuestions"}
+    if data is None or not (known & set(data)):
+        data = {"summary": text.strip()}
+    progress = data.get("progress")
+    status = progress.get("status") if isinstance(progress, dict) else progress
+    summary = data.get("summary")
+    return {
+        "handoff_id": packet["id"],
+        "task_id": packet["task"]["id"],
+        "parent_id": packet["task"]["parent_id"],
+        "progress": {"status": status if status in PROGRESS else "completed"},
+        "summary": summary if isinstance(summary, str) else json.dumps(summary, ensure_ascii=False),
+        "artifacts": _artifacts(data.get("artifacts")),
+        "risks": _strings(data.get("risks")),
+        "next_questions": _strings(data.get("next_questions", data.get("nextQuestions"))),
+    }
+
+
+def failed_worker_result(packet: Handoff, error: str) -> WorkerResult:
+    return {
+        "handoff_id": packet["id"],
+        "task_id": packet["task"]["id"],
+        "parent_id": packet["task"]["parent_id"],
+        "progress": {"status": "failed"},
+        "summary": "",
+        "artifacts": [],
+        "risks": [error or "the worker failed"],
+        "next_questions": [],
+    }
+
+
+def executed(result: WorkerResult, *, role: str, goal: str, error: str = "") -> dict[str, Any]:
+    """The merge side's view of a result (the seed's ExecutedWorkerResult): never shown to a worker
+    except through format_worker_results."""
+    entry = {**result, "role": role, "goal": goal, "status": result["progress"]["status"]}
+    if error:
+        entry["error"] = error
+    return entry
+
+
+def format_worker_results(results: list[dict[str, Any]]) -> str:
+    """The one formatter for worker results in a prompt (primary and review alike)."""
+    if not results:
+        return "(no support workers ran)"
+    blocks = []
+    for r in results:
+        lines = [
+            f"### {r['role']} ({r['status']})",
+            f"Task: {r['task_id']} -> {r['parent_id']}",
+            f"Goal: {r['goal']}",
+            f"Progress: {r['status']}: {r['summary']}",
+            f"Summary: {r['summary']}",
+            "Risks:",
+            *[f"- {risk}" for risk in r["risks"] or ["none"]],
+            "Open questions:",
+            *[f"- {q}" for q in r["next_questions"] or ["none"]],
+        ]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def primary_task(original_prompt: str, results: list[dict[str, Any]], role: str) -> str:
+    return (
+        f"You are the primary ({role}) agent: you write the answer the user sees.\n\n"
+        f"Original request:\n{original_prompt}\n\n"
+        f"Worker results:\n{format_worker_results(results)}\n\n"
+        "Treat the worker results as advisory context and resolve conflicts between them explicitly. "
+        "Finish with your answer, in free text, as the result."
+    )
+
+
+REVIEW_SHAPE = {
+    "decision": "approve|changes_requested|blocked",
+    "confidence": 0.0,
+    "findings": [{"severity": "|".join(SEVERITIES), "title": "string", "detail": "string"}],
+    "required_changes": ["string"],
+    "blocking_issues": ["string"],
+    "residual_risks": ["string"],
+}
+
+
+def review_task(original_prompt: str, answer: str, results: list[dict[str, Any]], packet: Handoff) -> str:
+    return (
+        "You review the primary agent's answer; you change nothing yourself.\n\n"
+        f"Original request:\n{original_prompt}\n\n"
+        f"Primary answer:\n{answer}\n\n"
+        f"Worker results:\n{format_worker_results(results)}\n\n"
+        f"Your handoff:\n{json.dumps(packet, ensure_ascii=False)}\n\n"
+        f"Finish with this JSON object as your result:\n{json.dumps(REVIEW_SHAPE)}"
+    )
+
+
+def gate_review(output: Any, results: list[dict[str, Any]], *, policy: str) -> dict[str, Any]:
+    """The runtime review gate: the reviewer's decision, demoted from approve when a worker reported
+    a failed check or failed itself; a missing or malformed review becomes what the brain's policy
+    says (`blocked` or `changes_requested`)."""
+    data = output if isinstance(output, dict) else parse_json_object(output) if isinstance(output, str) else None
+    if data is None or data.get("decision") not in DECISIONS:
+        return {
+            "decision": policy,
+            "confidence": 0.0,
+            "findings": [],
+            "required_changes": [],
+            "blocking_issues": ["The review is missing or malformed."] if policy == "blocked" else [],
+            "residual_risks": ["No usable review: the answer was not reviewed."],
+            "source": "policy",
+        }
+    findings = [
+        {
+            "severity": f.get("severity") if f.get("severity") in SEVERITIES else "info",
+            "title": str(f.get("title", "")),
+            "detail": str(f.get("detail", "")),
+        }
+        for f in data.get("findings", [])
+        if isinstance(f, dict)
+    ]
+    confidence = data.get("confidence")
+    review = {
+        "decision": data["decision"],
+        "confidence": float(confidence) if isinstance(confidence, int | float) else 0.0,
+        "findings": findings,
+        "required_changes": _strings(data.get("required_changes")),
+        "blocking_issues": _strings(data.get("blocking_issues")),
+        "residual_risks": _strings(data.get("residual_risks")),
+        "source": "reviewer",
+    }
+    failed = [r["role"] for r in results if r["status"] == "failed"]
+    failed_checks = [
+        a.get("label") or a["uri"]
+        for r in results
+        for a in r["artifacts"]
+        if a.get("kind") == "check" and a.get("status") == "failed"
+    ]
+    if review["decision"] == "approve" and (failed or failed_checks):
+        review["decision"] = "changes_requested"
+        review["demoted_from"] = "approve"
+        review["residual_risks"] += [f"worker {role} failed" for role in failed] + [
+            f"check failed: {name}" for name in failed_checks
+        ]
+    return review
+
+
+def merge_review(answer: str, review: dict[str, Any]) -> str:
+    """The final answer: the primary's, then the review's decision and what it asks for."""
+    lines = [answer.rstrip(), "", f"Review: {review['decision']}"]
+    for finding in review["findings"]:
+        lines.append(f"- [{finding['severity']}] {finding['title']}: {finding['detail']}".rstrip(": "))
+    lines += [f"- required: {c}" for c in review["required_changes"]]
+    lines += [f"- blocking: {c}" for c in review["blocking_issues"]]
+    lines += [f"- risk: {c}" for c in review["residual_risks"]]
+    return "\n".join(lines).strip()
+
+
+def team_answer(results: list[dict[str, Any]]) -> str:
+    """Forced roles: every answer side by side."""
+    return "\n\n".join(
+        f"## {r['role']} ({r['status']})\n{r['summary'] or '; '.join(r['risks'])}".rstrip() for r in results
+    )

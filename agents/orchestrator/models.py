@@ -1,0 +1,139 @@
+"""Brains (configuration rows, like profiles) and prompts (the durable state of one orchestration).
+
+Both belong to the `agents` app: `agents.models` imports them.
+"""
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+
+class Brain(models.Model):
+    """How prompts are routed: the planner, each role's profile, the heuristic's signals, the cap on
+    parallel workers and what the review gate does with a missing or malformed review."""
+
+    class ReviewPolicy(models.TextChoices):
+        BLOCKED = "blocked", "A missing review blocks the answer"
+        CHANGES_REQUESTED = "changes_requested", "A missing review asks for changes"
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+    planner_profile = models.CharField(max_length=64, help_text="The router model's profile.")
+    roles = models.JSONField(default=dict, help_text='Role → profile, e.g. {"coder": "brain-coder"}.')
+    signals = models.JSONField(default=dict, blank=True, help_text="Role → regexes the heuristic matches.")
+    default_primary = models.CharField(max_length=40, help_text="The primary when no signal matches.")
+    review_role = models.CharField(max_length=40, default="review", blank=True)
+    review_by_default = models.BooleanField(default=True, help_text="Whether a routed plan asks for a review.")
+    max_parallel_agents = models.PositiveSmallIntegerField(default=3)
+    review_policy = models.CharField(max_length=20, choices=ReviewPolicy.choices, default=ReviewPolicy.BLOCKED)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        app_label = "agents"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Prompt(models.Model):
+    """One orchestration. `step` moves forward only, by compare-and-set, so that any number of
+    doorbells (a finished worker, the periodic resume, a restarted worker) advance it exactly once."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        BLOCKED = "blocked"
+
+    class Step(models.TextChoices):
+        ROUTING = "routing"
+        WORKERS = "workers"
+        PRIMARY = "primary"
+        REVIEW = "review"
+        DONE = "done"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    saga = models.ForeignKey("sagas.Saga", on_delete=models.CASCADE, related_name="prompts")
+    brain = models.ForeignKey(Brain, on_delete=models.PROTECT, related_name="prompts")
+    lead = models.OneToOneField(
+        "sagas.Collaborator", on_delete=models.SET_NULL, null=True, blank=True, related_name="led_prompt"
+    )
+    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    text = models.TextField()
+    images = models.JSONField(default=list, blank=True, help_text="Image references; only vision roles get them.")
+    team = models.JSONField(default=list, blank=True, help_text="Forced roles: no router, no review.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    step = models.CharField(max_length=16, choices=Step.choices, default=Step.ROUTING)
+    plan = models.JSONField(null=True, blank=True)
+    routing_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Who routes holds this lease: a doorbell meanwhile does not ask the router again.",
+    )
+    results = models.JSONField(default=list, blank=True, help_text="Each support worker's WorkerResult.")
+    answer = models.TextField(blank=True, help_text="The primary's answer (or the team's, side by side).")
+    review = models.JSONField(null=True, blank=True)
+    final_answer = models.TextField(blank=True, help_text="The answer with the review merged in.")
+    reason = models.TextField(blank=True, help_text="Why it failed or was blocked.")
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    body_hash = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        app_label = "agents"
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["saga", "submitted_by", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="prompt_idempotency_key_unique",
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "updated_at"], name="prompt_status_updated")]
+
+    def __str__(self) -> str:
+        return f"{self.pk} {self.status}"
+
+    @property
+    def short(self) -> str:
+        return self.pk.hex[:10]
+
+    @property
+    def lead_name(self) -> str:
+        return f"{LEAD_PREFIX}{self.short}"
+
+    @property
+    def is_team(self) -> bool:
+        return bool(self.team)
+
+    def worker_name(self, slot: str) -> str:
+        """The delegate's name for a slot (a support role, `primary` or `review`): derived from the
+        prompt, so that a step run twice finds the delegate it already created."""
+        return f"{self.lead_name}.{slot}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_id": str(self.pk),
+            "saga": str(self.saga_id),
+            "brain": self.brain.name,
+            "lead": f"agent:{self.lead_name}",
+            "status": self.status,
+            "step": self.step,
+            "prompt": self.text,
+            "team": self.team,
+            "plan": self.plan,
+            "results": self.results,
+            "answer": self.answer,
+            "review": self.review,
+            "final_answer": self.final_answer,
+            "reason": self.reason,
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+        }
+
+
+LEAD_PREFIX = "brain-"

@@ -1,0 +1,300 @@
+"""The orchestration as a durable state machine on the Prompt row:
+
+    routing → workers → primary → review → done
+
+Each step reads what it needs, calls models outside any transaction (only the router is called
+here; workers, the primary and the reviewer are delegations whose turns the executor runs), then
+moves the prompt on with a compare-and-set on its step, in the same saga transaction that creates
+the next delegations and journals the step. A step that finds its work unfinished returns; a step
+run twice (two doorbells, a redelivery after kill -9) loses the compare-and-set and writes nothing,
+so no second set of delegations is ever created and no finished worker runs again.
+"""
+
+import json
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from agents.models import TranscriptEntry
+from agents.orchestrator import handoffs, plans, router
+from agents.orchestrator.models import Prompt
+from journal.actions import record
+from sagas import actions
+from sagas.models import Collaborator, Run
+
+logger = logging.getLogger(__name__)
+Step = Prompt.Step
+
+SUPPORT_EXPECTED = "A WorkerResult JSON object: progress, summary, artifacts, risks, next_questions."
+REVIEW_EXPECTED = "A review JSON object: decision, confidence, findings, required_changes, blocking_issues."
+
+
+def advance(prompt_id: str) -> None:
+    """Move the prompt through every step that is ready now."""
+    for _ in range(len(Step)):
+        prompt = Prompt.objects.select_related("brain", "saga", "lead__user").filter(pk=prompt_id).first()
+        if prompt is None or prompt.step == Step.DONE or prompt.lead is None:
+            return
+        if not STEPS[prompt.step](prompt):
+            return
+
+
+# --- the steps -----------------------------------------------------------------------------------
+
+
+def route(prompt: Prompt) -> bool:
+    brain = prompt.brain
+    if not prompt.is_team and not claim_routing(prompt):
+        return False  # another task is asking the router; a lapsed lease (a killed worker) frees it
+    if prompt.is_team:
+        plan = plans.forced_plan(prompt.team)
+    else:
+        allowed = router.vision_roles(brain.roles) if prompt.images else None
+        routing = plans.Routing.of(brain, allowed=allowed)
+        if not routing.support_roles:
+            return fail(prompt, Step.ROUTING, "No role of this brain can see images.")
+        fallback = plans.heuristic_plan(prompt.text, routing)
+        answer, error = router.ask_router(
+            profile_name=brain.planner_profile,
+            text=plans.router_prompt(prompt.text, routing, has_images=bool(prompt.images)),
+            saga_id=prompt.saga_id,
+            actor=handle(prompt),
+            needs_vision=bool(prompt.images),
+        )
+        plan = plans.normalize_router_decision(answer, routing, fallback, error=error)
+    with actions.saga_transaction(prompt.saga):
+        if not move(prompt, Step.ROUTING, Step.WORKERS, plan=plan):
+            return False
+        journal(prompt, "plan.created", {"plan": plan})
+        for worker in plan["workers"]:
+            packet = support_handoff(prompt, worker)
+            start(prompt, worker["role"], role=worker["role"], task=handoffs.support_worker_task(packet))
+    return True
+
+
+def workers(prompt: Prompt) -> bool:
+    plan = prompt.plan or {}
+    done: list[tuple[dict[str, Any], Outcome]] = []
+    for worker in plan.get("workers", []):
+        outcome = outcome_of(prompt, worker["role"])
+        if outcome is None:
+            return False
+        done.append((worker, outcome))
+    results = [
+        handoffs.executed(
+            handoffs.failed_worker_result(support_handoff(prompt, w), o.error)
+            if o.failed
+            else handoffs.normalize_worker_result(o.output, support_handoff(prompt, w)),
+            role=w["role"],
+            goal=w["goal"],
+            error=o.error,
+        )
+        for w, o in done
+    ]
+    with actions.saga_transaction(prompt.saga):
+        if prompt.is_team:
+            answer = handoffs.team_answer(results)
+            if not move(
+                prompt, Step.WORKERS, Step.DONE, results=results, answer=answer, final_answer=answer,
+                status=Prompt.Status.COMPLETED,
+            ):  # fmt: skip
+                return False
+            settle(prompt, [o for _, o in done])
+            conclude(prompt, Prompt.Status.COMPLETED)
+            return True
+        if not move(prompt, Step.WORKERS, Step.PRIMARY, results=results):
+            return False
+        settle(prompt, [o for _, o in done])
+        role = plan["primary_role"]
+        start(prompt, "primary", role=role, task=handoffs.primary_task(prompt.text, results, role))
+    return True
+
+
+def primary(prompt: Prompt) -> bool:
+    outcome = outcome_of(prompt, "primary")
+    if outcome is None:
+        return False
+    if outcome.failed:
+        return fail(prompt, Step.PRIMARY, f"The primary failed: {outcome.error}", settled=[outcome])
+    answer = as_text(outcome.output)
+    plan, brain = prompt.plan or {}, prompt.brain
+    review = bool(plan.get("requires_review")) and brain.review_role in brain.roles
+    review = review and plan.get("primary_role") != brain.review_role
+    with actions.saga_transaction(prompt.saga):
+        if review:
+            if not move(prompt, Step.PRIMARY, Step.REVIEW, answer=answer):
+                return False
+        elif not move(
+            prompt, Step.PRIMARY, Step.DONE, answer=answer, final_answer=answer, status=Prompt.Status.COMPLETED
+        ):
+            return False
+        settle(prompt, [outcome])
+        journal(prompt, "primary.completed", {"role": plan.get("primary_role"), "answer": answer[:4000]})
+        if not review:
+            conclude(prompt, Prompt.Status.COMPLETED)
+            return True
+        packet = review_handoff(prompt)
+        start(
+            prompt, "review", role=brain.review_role,
+            task=handoffs.review_task(prompt.text, answer, prompt.results, packet),
+        )  # fmt: skip
+    return True
+
+
+def review(prompt: Prompt) -> bool:
+    outcome = outcome_of(prompt, "review")
+    if outcome is None:
+        return False
+    verdict = handoffs.gate_review(
+        None if outcome.failed else outcome.output, prompt.results, policy=prompt.brain.review_policy
+    )
+    final = handoffs.merge_review(prompt.answer, verdict)
+    blocked = verdict["decision"] == "blocked"
+    status = Prompt.Status.BLOCKED if blocked else Prompt.Status.COMPLETED
+    reason = ("; ".join(verdict["blocking_issues"]) or "The review blocked the answer.") if blocked else ""
+    with actions.saga_transaction(prompt.saga):
+        if not move(prompt, Step.REVIEW, Step.DONE, review=verdict, final_answer=final, status=status, reason=reason):
+            return False
+        settle(prompt, [outcome])
+        journal(prompt, "review.completed", {"review": verdict})
+        conclude(prompt, status, reason=reason)
+    return True
+
+
+def claim_routing(prompt: Prompt) -> bool:
+    """A lease on the router call, so that the periodic resume does not ask the router again while
+    a slow router is still answering."""
+    now = timezone.now()
+    free = Q(routing_until__isnull=True) | Q(routing_until__lt=now)
+    lease = now + timedelta(seconds=settings.AGORA_ROUTING_LEASE_S)
+    return bool(Prompt.objects.filter(free, pk=prompt.pk, step=Step.ROUTING).update(routing_until=lease))
+
+
+STEPS: dict[str, Callable[[Prompt], bool]] = {
+    Step.ROUTING: route,
+    Step.WORKERS: workers,
+    Step.PRIMARY: primary,
+    Step.REVIEW: review,
+}
+
+
+# --- the pieces ----------------------------------------------------------------------------------
+
+
+class Outcome:
+    """How a delegated worker ended: its output, or the error of a failed run."""
+
+    def __init__(self, run: Run, *, output: Any = None, error: str = "", failed: bool = False) -> None:
+        self.run, self.output, self.error, self.failed = run, output, error, failed
+
+
+def outcome_of(prompt: Prompt, slot: str) -> Outcome | None:
+    """None while the worker is still at it. A run that went idle after answering in text (a model
+    that never calls finish) is done: its last text is its output."""
+    collaborator = Collaborator.objects.filter(saga=prompt.saga_id, name=prompt.worker_name(slot)).first()
+    if collaborator is None:
+        return None  # the step that moved here created it in the same transaction: not expected
+    run = Run.objects.select_related("collaborator").get(collaborator=collaborator)
+    if run.status == Run.Status.COMPLETED:
+        return Outcome(run, output=run.result)
+    if run.status in Run.FINISHED:
+        return Outcome(run, error=run.error or f"The worker's run was {run.status}.", failed=True)
+    if run.status == Run.Status.IDLE:
+        return Outcome(run, output=last_text(run))
+    return None
+
+
+def last_text(run: Run) -> str:
+    for entry in TranscriptEntry.objects.filter(run=run).order_by("-seq").only("message")[:20]:
+        if entry.message.get("role") == "assistant" and entry.message.get("content"):
+            return str(entry.message["content"])
+    return ""
+
+
+def settle(prompt: Prompt, outcomes: list[Outcome]) -> None:
+    """Finish the runs that went idle with their answer, so that no delegate lingers."""
+    for outcome in outcomes:
+        run = outcome.run
+        if run.status == Run.Status.IDLE and actions.finish_run(
+            run=run, status=Run.Status.COMPLETED, result=outcome.output, actor=handle(prompt)
+        ):
+            # The executor journals worker_end only for a run that called finish; this one answered in text.
+            record(
+                saga_id=prompt.saga_id, type="worker_end", actor=run.collaborator.handle, run_id=run.pk,
+                data={"status": Run.Status.COMPLETED, "result": outcome.output, "error": ""},
+            )  # fmt: skip
+
+
+def as_text(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, dict):
+        for key in ("answer", "summary", "text"):
+            if isinstance(output.get(key), str):
+                return output[key]
+    return "" if output is None else json.dumps(output, ensure_ascii=False)
+
+
+def support_handoff(prompt: Prompt, worker: dict[str, Any]) -> handoffs.Handoff:
+    return handoffs.handoff(
+        prompt_id=str(prompt.pk), slot=worker["role"], goal=worker["goal"], original_prompt=prompt.text,
+        expected=SUPPORT_EXPECTED,
+    )  # fmt: skip
+
+
+def review_handoff(prompt: Prompt) -> handoffs.Handoff:
+    return handoffs.handoff(
+        prompt_id=str(prompt.pk), slot="review", goal="Review the primary answer against the request.",
+        original_prompt=prompt.text, expected=REVIEW_EXPECTED,
+    )  # fmt: skip
+
+
+def start(prompt: Prompt, slot: str, *, role: str, task: str) -> None:
+    """Delegate one worker from the lead (its first turn is rung after commit)."""
+    assert prompt.lead is not None
+    actions.add_agent(
+        saga=prompt.saga, name=prompt.worker_name(slot), role=role, task=task, runtime=Collaborator.Runtime.INTERNAL,
+        profile=prompt.brain.roles[role], parent=prompt.lead.handle, by=prompt.lead.user,
+    )  # fmt: skip
+
+
+def move(prompt: Prompt, frm: str, to: str, **fields: Any) -> bool:
+    """The compare-and-set every step ends with; False: another doorbell already moved it."""
+    moved = Prompt.objects.filter(pk=prompt.pk, step=frm).update(step=to, updated_at=timezone.now(), **fields)
+    for key, value in fields.items():
+        setattr(prompt, key, value)
+    prompt.step = to if moved else prompt.step
+    return bool(moved)
+
+
+def fail(prompt: Prompt, frm: str, reason: str, *, settled: list[Outcome] | None = None) -> bool:
+    with actions.saga_transaction(prompt.saga):
+        if not move(prompt, frm, Step.DONE, status=Prompt.Status.FAILED, reason=reason):
+            return False
+        settle(prompt, settled or [])
+        conclude(prompt, Prompt.Status.FAILED, reason=reason)
+    return True
+
+
+def conclude(prompt: Prompt, status: str, *, reason: str = "") -> None:
+    """The last event of an orchestration, and the end of its lead's run."""
+    journal(prompt, f"prompt.{status}", {"status": status, "reason": reason, "answer": prompt.final_answer[:4000]})
+    lead = prompt.lead
+    if lead is not None:
+        run = Run.objects.select_related("collaborator").get(collaborator=lead)
+        run_status = Run.Status.FAILED if status == Prompt.Status.FAILED else Run.Status.COMPLETED
+        actions.finish_run(run=run, status=run_status, result={"prompt_id": str(prompt.pk), "status": status},
+                           error=reason if run_status == Run.Status.FAILED else "")  # fmt: skip
+
+
+def handle(prompt: Prompt) -> str:
+    return f"agent:{prompt.lead_name}"
+
+
+def journal(prompt: Prompt, type: str, data: dict[str, Any]) -> None:
+    record(saga_id=prompt.saga_id, type=type, actor=handle(prompt), data={"prompt_id": str(prompt.pk), **data})

@@ -1,0 +1,14 @@
+"""The orchestrator's routes: REST under /api/v1/ (`api`) and the saga page's prompt box (`pages`)."""
+
+from django.urls import path
+
+from agents.orchestrator import api, views
+
+api_urls = [
+    path("sagas/<uuid:saga_id>/prompts/", api.PromptCreateApi.as_view(), name="api-prompts"),
+    path("prompts/<uuid:prompt_id>/", api.PromptDetailApi.as_view(), name="api-prompt"),
+]
+
+page_urls = [
+    path("sagas/<uuid:saga_id>/prompts/", views.submit_prompt, name="prompt-submit"),
+]

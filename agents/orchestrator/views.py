@@ -1,0 +1,94 @@
+"""The saga page's prompt box and plan views. The page belongs to the kernel, which imports none of
+this: `AGORA_SAGA_PANELS` names `prompts_part`, and the page includes its template, live and
+without JavaScript alike."""
+
+from typing import Any
+from uuid import UUID
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from accounts.models import User
+from agents.orchestrator import actions
+from agents.orchestrator.models import LEAD_PREFIX, Brain, Prompt
+from sagas import errors
+from sagas.access import may_manage
+from sagas.models import Collaborator, Run, Saga
+
+PROMPTS_SHOWN = 10
+
+
+def prompts_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
+    """Each recent prompt's plan view: prompt → support workers (live) → primary → review."""
+    prompts = list(Prompt.objects.filter(saga=saga).select_related("brain")[:PROMPTS_SHOWN])
+    runs = {
+        c.name: c.run
+        for c in Collaborator.objects.filter(saga=saga, name__startswith=LEAD_PREFIX).select_related("run")
+        if hasattr(c, "run")
+    }
+    return {
+        "prompts": [plan_view(p, runs) for p in prompts],
+        "can_prompt": may_manage(request.user, saga) and not saga.is_finished,
+        "brains": list(Brain.objects.values_list("name", flat=True)),
+    }
+
+
+def live_status(run: Run | None) -> str:
+    if run is None:
+        return "waiting"
+    return "answered" if run.status == Run.Status.IDLE else str(run.status)
+
+
+def plan_view(prompt: Prompt, runs: dict[str, Run]) -> dict[str, Any]:
+    plan = prompt.plan or {}
+    results = {r["role"]: r for r in prompt.results}
+    workers = []
+    for w in plan.get("workers", []):
+        result = results.get(w["role"])
+        workers.append(
+            {
+                **w,
+                "status": result["status"] if result else live_status(runs.get(prompt.worker_name(w["role"]))),
+                "summary": result["summary"] if result else "",
+                "risks": result["risks"] if result else [],
+            }
+        )
+    primary_run = runs.get(prompt.worker_name("primary"))
+    review_run = runs.get(prompt.worker_name("review"))
+    return {
+        "prompt": prompt,
+        "plan": plan,
+        "workers": workers,
+        "primary": {
+            "role": plan.get("primary_role", ""),
+            "status": "completed" if prompt.answer else live_status(primary_run) if primary_run else "waiting",
+        },
+        "review_needed": bool(plan.get("requires_review")) and not prompt.is_team,
+        "review_status": (prompt.review or {}).get("decision")
+        or (live_status(review_run) if review_run else "waiting"),
+    }
+
+
+@login_required
+@require_POST
+def submit_prompt(request: HttpRequest, saga_id: UUID) -> HttpResponse:
+    """The prompt box: a manager submits, the page shows the new plan view."""
+    saga = get_object_or_404(Saga.objects.visible_to(request.user), pk=saga_id)
+    assert isinstance(request.user, User)
+    team = [r.strip() for r in request.POST.get("team", "").replace(",", " ").split() if r.strip()]
+    try:
+        actions.submit_prompt(
+            saga=saga, by=request.user, text=request.POST.get("prompt", ""), team=team,
+            brain=request.POST.get("brain", ""),
+        )  # fmt: skip
+    except errors.Forbidden:
+        return HttpResponse("Only managers of the saga submit prompts.", status=403)
+    except errors.KernelError as exc:
+        messages.error(request, f"Prompt not submitted: {exc.detail}")
+    else:
+        messages.success(request, "Prompt submitted: the Brain is planning it.")
+    return redirect(reverse("sagas:detail", args=[saga.pk]) + "#prompts")

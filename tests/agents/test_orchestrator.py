@@ -1,0 +1,317 @@
+"""The orchestrator end to end: the REST API, a real Celery worker, the scripted provider and the
+local fake OpenAI-compatible server."""
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from accounts.models import User
+from agents.actions import load_profiles
+from agents.orchestrator.actions import load_brains
+from agents.orchestrator.models import Prompt
+from journal.models import JournalEvent
+from sagas.models import Collaborator, Delegation, Saga
+from tests.agents.fake_llm import GATE, SERVER_ERROR, FakeLLM, say, tool_call
+from tests.support import CeleryWorker, wait_until
+
+BRAIN_PROFILES = Path(__file__).resolve().parents[2] / "agents" / "profiles" / "brain.json"
+BRAINS = Path(__file__).resolve().parents[2] / "agents" / "brains" / "default.json"
+
+
+@pytest.fixture
+def default_brain(transactional_db: None) -> None:
+    load_profiles(entries=json.loads(BRAIN_PROFILES.read_text()))
+    load_brains(entries=json.loads(BRAINS.read_text()))
+
+
+@pytest.fixture
+def client_for() -> Callable[[User], APIClient]:
+    def make(user: User) -> APIClient:
+        client = APIClient()
+        client.force_authenticate(user)
+        return client
+
+    return make
+
+
+def submit(client: APIClient, saga: Saga, **body: Any) -> dict[str, Any]:
+    response = client.post(f"/api/v1/sagas/{saga.pk}/prompts/", body, format="json")
+    assert response.status_code == 202, response.content
+    return dict(response.json())
+
+
+def settled(client: APIClient, prompt_id: str, *, timeout: float = 60) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        body = dict(client.get(f"/api/v1/prompts/{prompt_id}/").json())
+        return body if body["status"] != "running" else None
+
+    return wait_until(done, timeout=timeout, what=f"prompt {prompt_id} to settle")
+
+
+def types(saga: Saga) -> list[str]:
+    return list(JournalEvent.objects.filter(saga=saga).order_by("seq").values_list("type", flat=True))
+
+
+def test_a_prompt_runs_workers_a_primary_and_a_review_on_scripted_playbooks(
+    worker: CeleryWorker, default_brain: None, saga: Saga, alice: User, client_for: Callable[[User], APIClient]
+) -> None:
+    client = client_for(alice)
+    started = submit(client, saga, prompt="Migrate GET /v2/orders to cursor pagination, with tests and docs.")
+    assert started["status"] == "running" and started["lead"].startswith("agent:brain-")
+
+    body = settled(client, started["prompt_id"])
+
+    assert body["status"] == "completed", body
+    plan = body["plan"]
+    assert plan["source"] == "router" and plan["primary_role"] == "coder" and plan["requires_review"] is True
+    assert [w["role"] for w in plan["workers"]] == ["researcher", "tester", "writer"]
+    assert [(r["role"], r["status"]) for r in body["results"]] == [
+        ("researcher", "completed"), ("tester", "completed"), ("writer", "completed")
+    ]  # fmt: skip
+    tester = body["results"][1]
+    assert (
+        tester["task_id"] == f"task:{body['prompt_id']}:tester" and tester["parent_id"] == f"prompt:{body['prompt_id']}"
+    )
+    assert tester["next_questions"] and "Twelve cases" in tester["summary"]
+    assert "opaque cursor" in body["answer"]
+    assert body["review"]["decision"] == "approve" and body["review"]["source"] == "reviewer"
+    assert body["final_answer"].startswith(body["answer"]) and "Review: approve" in body["final_answer"]
+    # Every worker is a delegation of the lead, and each ran once.
+    lead = Collaborator.objects.get(saga=saga, name=started["lead"].removeprefix("agent:"))
+    delegates = Delegation.objects.filter(delegator=lead).values_list("delegate__name", flat=True)
+    assert sorted(n.split(".", 1)[1] for n in delegates) == ["primary", "researcher", "review", "tester", "writer"]
+    seen = types(saga)
+    assert seen.count("worker_start") == 5 and seen.count("worker_end") == 5
+    order = [t for t in seen if t in ("prompt.submitted", "plan.created", "primary.completed", "review.completed",
+                                      "prompt.completed")]  # fmt: skip
+    assert order == ["prompt.submitted", "plan.created", "primary.completed", "review.completed", "prompt.completed"]
+    assert lead.run.status == "completed"
+
+
+FAKE_MODELS = {"router": "router-m", "coder": "coder-m", "tester": "tester-m", "writer": "writer-m",
+               "review": "review-m"}  # fmt: skip
+
+
+@pytest.fixture
+def fake_brain(transactional_db: None) -> None:
+    """A brain whose every role runs on the fake OpenAI-compatible server, without fallbacks."""
+    load_profiles(
+        entries=[
+            {"name": f"f-{role}", "role": role.title(), "model": model, "tools": ["finish"], "max_turns": 4}
+            for role, model in FAKE_MODELS.items()
+        ]
+    )
+    load_brains(
+        entries=[
+            {
+                "name": "fake",
+                "planner_profile": "f-router",
+                "roles": {role: f"f-{role}" for role in FAKE_MODELS if role != "router"},
+                "signals": {"coder": ["implement"], "tester": [r"\btests?\b"], "writer": ["changelog"]},
+                "default_primary": "coder",
+                "review_policy": "blocked",
+            }
+        ]
+    )
+
+
+def request_text(body: dict[str, Any]) -> str:
+    return "\n".join(str(m.get("content") or "") for m in body["messages"])
+
+
+def test_garbage_from_the_router_a_failing_worker_and_a_missing_review(
+    worker: CeleryWorker, fake_llm: FakeLLM, fake_brain: None, saga: Saga, alice: User,
+    client_for: Callable[[User], APIClient],
+) -> None:  # fmt: skip
+    fake_llm.script("router-m", say("Sure! The coder should take this one."))
+    fake_llm.script("tester-m", say("All twelve cases pass."))  # text, no finish: the text is the summary
+    fake_llm.script("writer-m", SERVER_ERROR)  # its whole chain fails
+    fake_llm.script("coder-m", say("", tool_call("finish", {"result": "Use an opaque cursor."})))
+    fake_llm.script("review-m", say("Looks good to me."))  # not the review JSON
+    client = client_for(alice)
+
+    started = submit(client, saga, prompt="Implement the cursor, with tests and a changelog.", brain="fake")
+    body = settled(client, started["prompt_id"])
+
+    plan = body["plan"]
+    assert plan["source"] == "heuristic" and "not a JSON object" in plan["router_error"]
+    assert plan["primary_role"] == "coder" and [w["role"] for w in plan["workers"]] == ["tester", "writer"]
+    tester, writer = body["results"]
+    assert (tester["status"], tester["summary"]) == ("completed", "All twelve cases pass.")
+    assert writer["status"] == "failed" and writer["risks"] == ["Every model candidate failed."]
+    assert body["answer"] == "Use an opaque cursor."
+    # The primary saw both results through the shared formatter; a worker saw only its own handoff.
+    (primary_call,) = fake_llm.calls_for("coder-m")
+    assert "### tester (completed)" in request_text(primary_call)
+    assert "### writer (failed)" in request_text(primary_call)
+    (tester_call,) = fake_llm.calls_for("tester-m")
+    assert f"task:{body['prompt_id']}:tester" in request_text(tester_call)
+    assert f"task:{body['prompt_id']}:writer" not in request_text(tester_call)
+    # The malformed review becomes what the brain's policy says.
+    assert body["status"] == "blocked" and body["review"]["decision"] == "blocked"
+    assert body["review"]["source"] == "policy" and body["reason"]
+    seen = types(saga)
+    assert "model_fallback" in seen and "prompt.blocked" in seen
+
+
+def test_forced_roles_answer_side_by_side_without_router_or_review(
+    worker: CeleryWorker, fake_llm: FakeLLM, fake_brain: None, saga: Saga, alice: User,
+    client_for: Callable[[User], APIClient],
+) -> None:  # fmt: skip
+    fake_llm.script("tester-m", say("Test the empty page."))
+    fake_llm.script("writer-m", say("Say it in the changelog."))
+    client = client_for(alice)
+
+    started = submit(client, saga, prompt="What matters most here?", brain="fake", team=["tester", "writer"])
+    body = settled(client, started["prompt_id"])
+
+    assert body["status"] == "completed" and body["plan"]["source"] == "team"
+    assert body["plan"]["requires_review"] is False and body["review"] is None
+    assert (
+        body["answer"]
+        == "## tester (completed)\nTest the empty page.\n\n## writer (completed)\nSay it in the changelog."
+    )
+    assert fake_llm.calls_for("router-m") == [] and fake_llm.calls_for("review-m") == []
+    assert fake_llm.calls_for("coder-m") == []  # no primary either: the team's answers are the answer
+
+
+def test_kill_9_mid_orchestration_resumes_without_duplicates(
+    worker: CeleryWorker, fake_llm: FakeLLM, fake_brain: None, saga: Saga, alice: User, redis_url: str,
+    artifacts: Path, runtime_env: dict[str, str], client_for: Callable[[User], APIClient],
+) -> None:  # fmt: skip
+    from agents.orchestrator.tasks import resume_prompts
+    from sagas.tasks import reconcile
+
+    fake_llm.script("router-m", say('{"primary_role": "coder", "workers": [{"role": "tester"}, {"role": "writer"}]}'))
+    fake_llm.script("writer-m", say("Changelog drafted."))
+    fake_llm.script("tester-m", GATE, say("All pass."))  # the first call hangs: the crash comes meanwhile
+    fake_llm.script("coder-m", say("Ship it."))
+    fake_llm.script("review-m", say('{"decision": "approve", "confidence": 0.9}'))
+    client = client_for(alice)
+    started = submit(client, saga, prompt="Implement the cursor.", brain="fake")
+    prompt = Prompt.objects.get(pk=started["prompt_id"])
+    wait_until(lambda: fake_llm.calls_for("tester-m") and fake_llm.calls_for("writer-m"), what="both workers called")
+    wait_until(
+        lambda: Collaborator.objects.get(saga=saga, name=prompt.worker_name("writer")).run.status != "running",
+        what="the writer to answer",
+    )
+
+    worker.kill()
+    replacement = CeleryWorker(redis_url, artifacts, env=runtime_env)
+    try:
+
+        def done() -> bool:
+            reconcile()  # as the beat would: reclaims the tester's lapsed lease
+            resume_prompts()
+            return Prompt.objects.get(pk=prompt.pk).status != "running"
+
+        wait_until(done, timeout=60, interval=0.5, what="the orchestration to resume and finish")
+    finally:
+        fake_llm.gate.set()
+        replacement.kill()
+
+    body = client.get(f"/api/v1/prompts/{prompt.pk}/").json()
+    assert body["status"] == "completed", body
+    assert [(r["role"], r["summary"]) for r in body["results"]] == [
+        ("tester", "All pass."),
+        ("writer", "Changelog drafted."),
+    ]
+    assert types(saga).count("plan.created") == 1
+    lead = Collaborator.objects.get(saga=saga, name=prompt.lead_name)
+    assert Delegation.objects.filter(delegator=lead).count() == 4  # tester, writer, primary, review: once each
+    assert len(fake_llm.calls_for("router-m")) == 1 and len(fake_llm.calls_for("writer-m")) == 1
+    assert len(fake_llm.calls_for("coder-m")) == 1 and len(fake_llm.calls_for("tester-m")) == 2
+
+
+def test_only_managers_submit_and_outsiders_see_nothing(
+    default_brain: None, saga: Saga, alice: User, bob: User, mallory: User, client_for: Callable[[User], APIClient]
+) -> None:
+    from sagas import actions
+
+    actions.add_human(saga=saga, user=bob, role="Analyst", task="Watch", by=alice)
+    response = client_for(bob).post(f"/api/v1/sagas/{saga.pk}/prompts/", {"prompt": "Do it"}, format="json")
+    assert response.status_code == 403 and response.json()["code"] == "forbidden"
+    response = client_for(mallory).post(f"/api/v1/sagas/{saga.pk}/prompts/", {"prompt": "Do it"}, format="json")
+    assert response.status_code == 404 and response.json()["code"] == "not_found"
+    assert not Prompt.objects.exists()
+    assert not Collaborator.objects.filter(saga=saga, name__startswith="brain-").exists()
+
+    prompt_id = submit(client_for(alice), saga, prompt="Do it")["prompt_id"]
+    assert client_for(mallory).get(f"/api/v1/prompts/{prompt_id}/").json()["code"] == "not_found"
+    assert client_for(bob).get(f"/api/v1/prompts/{prompt_id}/").status_code == 200
+
+
+def test_bad_input_is_refused_and_retries_are_idempotent(
+    default_brain: None, saga: Saga, alice: User, client_for: Callable[[User], APIClient]
+) -> None:
+    client = client_for(alice)
+    url = f"/api/v1/sagas/{saga.pk}/prompts/"
+    for body, field in [({"prompt": ""}, "prompt"), ({"prompt": "x", "team": ["wizard"]}, "team"),
+                        ({"prompt": "x", "brain": "nope"}, "brain")]:  # fmt: skip
+        response = client.post(url, body, format="json")
+        assert response.status_code == 400 and response.json()["code"] == "invalid_payload", body
+        assert field in response.json()["errors"]
+    assert not Prompt.objects.exists()
+
+    first = client.post(url, {"prompt": "Do it"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    again = client.post(url, {"prompt": "Do it"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    assert first.status_code == again.status_code == 202 and first.json() == again.json()
+    other = client.post(url, {"prompt": "Something else"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    assert other.status_code == 409 and other.json()["code"] == "idempotency_conflict"
+    assert Prompt.objects.count() == 1
+    Saga.objects.filter(pk=saga.pk).update(status=Saga.Status.CANCELLED)
+    ended = client.post(url, {"prompt": "Too late"}, format="json")
+    assert ended.status_code == 409 and ended.json()["code"] == "invalid_state"
+    assert Prompt.objects.count() == 1
+
+
+def test_a_prompt_with_images_routes_only_to_roles_that_can_see_them(saga: Saga, alice: User) -> None:
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+
+    eyes = {"m-vision": ["vision"]}
+    load_profiles(
+        entries=[
+            {"name": "v-router", "role": "Router", "model": "m-text", "tools": ["finish"]},
+            {"name": "v-coder", "role": "Coder", "model": "m-text", "tools": ["finish"]},
+            {"name": "v-tester", "role": "Tester", "model": "m-text", "fallback_models": ["m-vision"],
+             "model_capabilities": eyes, "tools": ["finish"]},
+        ]
+    )  # fmt: skip
+    load_brains(
+        entries=[
+            {"name": "v", "planner_profile": "v-router", "roles": {"coder": "v-coder", "tester": "v-tester"},
+             "signals": {"coder": ["implement"], "tester": ["screenshot"]}, "default_primary": "coder",
+             "review_role": ""}
+        ]
+    )  # fmt: skip
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement what this screenshot shows.", brain="v",
+                              images=["https://example.test/shot.png"])  # fmt: skip
+
+    steps.advance(str(prompt.pk))  # in this process: routing, then (no support worker) the primary starts
+
+    prompt.refresh_from_db()
+    assert prompt.step == "primary" and prompt.plan is not None
+    assert Collaborator.objects.get(saga=saga, name=prompt.worker_name("primary")).profile == "v-tester"
+    assert prompt.plan["source"] == "heuristic" and "every router candidate failed" in prompt.plan["router_error"]
+    assert prompt.plan["primary_role"] == "tester" and prompt.plan["workers"] == []  # the coder cannot see
+    assert "model_skipped" in types(saga)
+
+
+def test_one_routing_at_a_time_until_its_lease_lapses(default_brain: None, saga: Saga, alice: User) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Do it")
+    assert steps.claim_routing(prompt) is True
+    assert steps.claim_routing(prompt) is False  # a second doorbell meanwhile does not call the router
+    Prompt.objects.filter(pk=prompt.pk).update(routing_until=timezone.now() - timedelta(seconds=1))
+    assert steps.claim_routing(prompt) is True  # the first one's worker died: the lease lapsed

@@ -1,0 +1,108 @@
+"""Agora's MCP server over streamable HTTP, mounted in the real ASGI app under daphne."""
+
+import http.client
+from urllib.parse import urlsplit
+
+import anyio
+import pytest
+
+from journal.models import JournalEvent
+from sagas.models import AgentRequest
+from tests.gateways.mcp.conftest import Cast, data, error_code, http_client
+from tests.support import WebServer
+
+pytestmark = pytest.mark.integration
+
+TOOLS = {"get_collaborators", "ask_agent", "reply", "read_steering", "cancel_request", "ask_human", "finish"}
+
+
+def test_two_agents_exchange_a_request_and_its_reply_inside_a_saga(web_server: WebServer, cast: Cast) -> None:
+    async def scenario() -> dict[str, object]:
+        async with (
+            http_client(web_server.url, cast.tokens["coder"]) as coder,
+            http_client(web_server.url, cast.tokens["tester"]) as tester,
+        ):
+            assert {tool.name for tool in (await tester.list_tools()).tools} == TOOLS
+            seen = data(await tester.call_tool("get_collaborators", {}))["collaborators"]
+            assert {c["id"] for c in seen} >= {"agent:coder", "agent:tester", "human:alice"}
+
+            async def answer() -> None:
+                inbox = data(await coder.call_tool("read_steering", {"after": 0, "wait_s": 20}))
+                (item,) = inbox["items"]
+                assert (item["kind"], item["from"], item["type"]) == ("request", "agent:tester", "schema.review")
+                replied = await coder.call_tool("reply", {"request_id": item["request_id"], "payload": {"ok": True}})
+                assert data(replied)["status"] == "completed"
+                # A second reply is refused as over REST.
+                again = await coder.call_tool("reply", {"request_id": item["request_id"], "payload": {"ok": False}})
+                assert error_code(again) == "already_answered"
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(answer)
+                asked = await tester.call_tool(
+                    "ask_agent",
+                    {"to": "agent:coder", "type": "schema.review", "payload": {"v": 2}, "mode": "wait",
+                     "timeout_s": 30},
+                )  # fmt: skip
+            outcome = data(asked)
+            # The reply reached the waiting sender; it is in the sender's steering as well.
+            inbox = data(await tester.call_tool("read_steering", {"after": 0}))
+            assert [i["kind"] for i in inbox["items"]] == ["response"]
+            assert inbox["cursor"] == inbox["items"][0]["seq"]
+            return outcome
+
+    outcome = anyio.run(scenario)
+    assert outcome["status"] == "completed" and outcome["from"] == "agent:coder"
+    assert outcome["payload"] == {"ok": True}
+    request = AgentRequest.objects.get(pk=outcome["request_id"])
+    assert (request.sender.handle, request.recipient.handle, request.status) == (
+        "agent:tester",
+        "agent:coder",
+        "completed",
+    )
+    events = [(e.type, e.actor) for e in JournalEvent.objects.for_saga(cast.saga.pk)]
+    # The dashboard's live view is fed from these events.
+    assert events[-2:] == [("request.created", "agent:tester"), ("request.completed", "agent:coder")]
+
+
+def test_kernel_rules_hold_as_over_rest(web_server: WebServer, cast: Cast) -> None:
+    async def scenario() -> None:
+        async with (
+            http_client(web_server.url, cast.tokens["tester"]) as tester,
+            http_client(web_server.url, cast.tokens["spy"]) as spy,
+        ):
+            ask = {"to": "agent:coder", "type": "t.x", "payload": {"n": 1}, "idempotency_key": "k-1"}
+            first = data(await tester.call_tool("ask_agent", ask))
+            assert first["status"] == "pending"
+            # Idempotency: the same key and body return the first request; another body is a conflict.
+            assert data(await tester.call_tool("ask_agent", ask))["request_id"] == first["request_id"]
+            conflict = await tester.call_tool("ask_agent", {**ask, "payload": {"n": 2}})
+            assert error_code(conflict) == "idempotency_conflict"
+            # Access: an agent of another saga cannot reach coder, nor read or cancel tester's request.
+            assert error_code(await spy.call_tool("ask_agent", {**ask, "idempotency_key": ""})) == "not_found"
+            assert error_code(await spy.call_tool("cancel_request", {"request_id": first["request_id"]})) == "not_found"
+            # Caps: a payload over the limit is refused whole.
+            big = {**ask, "idempotency_key": "", "payload": {"blob": "x" * 300_000}}
+            assert error_code(await tester.call_tool("ask_agent", big)) == "payload_too_large"
+            # A wait that passes its timeout says so; the request stays open for a later reply.
+            wait = {"to": "agent:coder", "type": "t.y", "payload": {}, "mode": "wait", "timeout_s": 0.5}
+            waited = data(await tester.call_tool("ask_agent", wait))
+            assert (waited["status"], waited["timed_out"]) == ("pending", True)
+            cancelled = data(await tester.call_tool("cancel_request", {"request_id": first["request_id"]}))
+            assert cancelled["status"] == "cancelled"
+
+    anyio.run(scenario)
+    assert sorted(AgentRequest.objects.filter(saga=cast.saga).values_list("type", "status")) == [
+        ("t.x", "cancelled"),
+        ("t.y", "pending"),
+    ]
+
+    # Authentication: a call without an agent's valid API token is refused before any tool runs.
+    parts = urlsplit(web_server.url)
+    for headers in ({}, {"Authorization": "Bearer not-a-token"}):
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+        body = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}'
+        conn.request("POST", "/mcp", body=body, headers={"Content-Type": "application/json", **headers})
+        response = conn.getresponse()
+        assert response.status == 401, response.read()
+        assert response.getheader("www-authenticate", "").startswith("Bearer")
+        conn.close()
