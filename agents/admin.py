@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from agents.hooks import admin as hooks_admin  # noqa: F401  (registers hook handlers and results)
 from agents.models import AgentProfile, TranscriptEntry
 
 

@@ -1,5 +1,8 @@
 from django.db import models
 
+# Hook handlers and their stored results live in the hooks package; Django finds them through this module.
+from agents.hooks.models import HookHandler, HookResult  # noqa: F401
+
 
 class AgentProfile(models.Model):
     """A role definition: what the agent is told, which tools it may call, which models it runs on."""

@@ -1,6 +1,7 @@
 from celery import Task, shared_task
 
 from agents import executor
+from agents.hooks.tasks import run_hooks_task  # noqa: F401  (registered with the worker through this module)
 
 
 @shared_task(name="agents.tasks.run_turn", acks_late=True, bind=True)

@@ -324,6 +324,11 @@ AGORA_SAGA_PANELS: dict[str, tuple[str, str, str, list[str]]] = {
 }
 AGORA_RERING_S = float(os.environ.get("AGORA_RERING_S", "15"))
 AGORA_PLAYBOOK_DIRS = env_list("AGORA_PLAYBOOK_DIRS", "")
+# Hook handlers run processes, HTTP calls and code for as long as their timeouts: only inside a
+# Celery task. Unit tests that call `run_hooks` directly turn this on (agents.hooks.runner).
+AGORA_HOOKS_INLINE = env_bool("AGORA_HOOKS_INLINE", False)
+# Artifacts: the largest one a saga may hold (uploads over it are refused with payload_too_large).
+AGORA_MAX_ARTIFACT_BYTES = int(os.environ.get("AGORA_MAX_ARTIFACT_BYTES", str(5 * 1024 * 1024)))
 # Teams: the budgets a new team starts with, and who counts its tokens (the runtime keeps them).
 AGORA_TEAM_MAX_TEAMMATES = int(os.environ.get("AGORA_TEAM_MAX_TEAMMATES", "8"))
 AGORA_TEAM_MAX_TOKENS = int(os.environ.get("AGORA_TEAM_MAX_TOKENS", "2000000"))

@@ -24,7 +24,7 @@ from accounts.models import User
 from config.params import InvalidParameter, integer_param
 from sagas import actions, dashboard, errors
 from sagas.access import JournalLens, collaborator_for, may_manage
-from sagas.models import Collaborator, Saga
+from sagas.models import Artifact, Collaborator, Saga
 
 FormErrors = dict[str, list[str]]
 RUNTIMES = [
@@ -131,6 +131,7 @@ def render_saga(
         "event_count": saga.journal_events.count(),
         "runtimes": RUNTIMES,
         "forms": forms or {},
+        "artifacts": Artifact.objects.listing(saga),
     }
     for part in PARTS.values():
         context.update(part(request, saga))

@@ -1,6 +1,7 @@
 """The kernel's writes, by concern. Each action locks its saga (`locking`), changes state, journals
 it in the same transaction, and rings doorbells only after commit. Callers import from here."""
 
+from sagas.actions.artifacts import add_artifact
 from sagas.actions.collaborators import add_agent, add_human, find_collaborator
 from sagas.actions.exposure import set_exposed
 from sagas.actions.human_forms import answer_human_request, ask_human, visible_human_request
@@ -47,6 +48,7 @@ from sagas.actions.tokens import revoke_agent_token, rotate_agent_token
 
 __all__ = [
     "add_agent",
+    "add_artifact",
     "add_human",
     "answer_human_request",
     "ask_agent",

@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from sagas.api import schema, teams, tokens, views  # noqa: F401  (schema: its OpenAPI extensions register themselves)
+from sagas.api import artifacts, schema, teams, tokens, views  # noqa: F401  (schema: its OpenAPI extensions register themselves)
 from sagas.api.waiting import waiting_view
 
 urlpatterns = [
@@ -38,6 +38,8 @@ urlpatterns = [
     ),
     path("sagas/<uuid:saga_id>/teams/<str:lead>/inbox/", teams.InboxApi.as_view(), name="api-team-inbox"),
     path("sagas/<uuid:saga_id>/journal/", views.JournalEventListApi.as_view(), name="api-journal"),
+    path("sagas/<uuid:saga_id>/artifacts/", artifacts.ArtifactCollectionApi.as_view(), name="api-artifacts"),
+    path("sagas/<uuid:saga_id>/artifacts/<str:name>", artifacts.ArtifactDownloadApi.as_view(), name="api-artifact"),
     path("requests/<str:request_id>/", views.AgentRequestDetailApi.as_view(), name="api-request"),
     path("requests/<str:request_id>/reply/", views.AgentRequestReplyApi.as_view(), name="api-request-reply"),
     path("requests/<str:request_id>/cancel/", views.AgentRequestCancelApi.as_view(), name="api-request-cancel"),
