@@ -42,7 +42,25 @@ METHODS = ("GET", "POST", "DELETE")
 # (route name, method): outcomes in the order of ROLES. Writes are probed with an empty body, so a
 # role allowed to reach the operation gets its validation error (400); one that may not, 401, 403 or
 # 404 (404 whenever the saga, request or form is not theirs to see). /healthz is 503 with no worker.
+# An API view parses its input before the kernel decides (STYLE: parse, fetch, act), so a role that
+# sees the saga but may not act gets the 400 of an empty body too: the refusals of a valid body are
+# tested beside each operation (prompts, exposure, teams).
 EXPECTED: dict[tuple[str, str], str] = {
+    ("api-artifact", "GET"): "401 404 404 200 200",
+    ("api-artifacts", "GET"): "401 404 404 200 200",
+    ("api-artifacts", "POST"): "401 404 404 400 400",
+    ("api-collaborator-exposure", "POST"): "401 404 404 400 400",
+    ("api-prompt", "GET"): "401 404 404 404 404",
+    ("api-prompts", "POST"): "401 404 404 400 400",
+    ("api-run-status", "GET"): "401 404 404 404 404",
+    ("api-team", "GET"): "401 404 404 404 404",
+    ("api-team-broadcast", "POST"): "401 404 404 404 404",
+    ("api-team-inbox", "GET"): "401 404 404 404 404",
+    ("api-team-shutdown", "POST"): "401 404 404 404 404",
+    ("api-team-spawn", "POST"): "401 404 404 400 400",
+    ("prompt-submit", "POST"): "login 404 login login 403",
+    ("sagas:artifact", "GET"): "login 404 login login 200",
+    ("sagas:artifact-upload", "POST"): "login 404 login login 400",
     ("api-collaborator-steer", "POST"): "401 404 404 403 403",
     ("api-collaborator-token", "DELETE"): "401 404 404 403 403",
     ("api-collaborator-token", "POST"): "401 404 404 403 403",
@@ -118,10 +136,15 @@ class Cast:
         form, _ = actions.ask_human(
             asker=coder, title="T", fields=[{"name": "n", "type": "text"}], to="human:alice", idempotency_key="m"
         )
+        artifact = actions.add_artifact(
+            saga=team.saga, name="notes.txt", content=b"notes", content_type="text/plain", by=alice
+        )
         self.kwargs = {
             "saga_id": team.saga.pk, "cid": "agent:coder", "request_id": request.pk,
             "human_request_id": form.pk, "run_id": team.run("coder").pk, "part": "team",
-            "uidb64": "MQ", "token": "set-password",
+            "uidb64": "MQ", "token": "set-password", "lead": "agent:lead", "name": artifact.name,
+            # No prompt of this saga: the orchestrator's own tests cover who reads one.
+            "prompt_id": "00000000-0000-4000-8000-000000000000",
         }  # fmt: skip
         self.people = {"owner": alice, "outsider": mallory, "colleague": bob}
         self.tokens = {
