@@ -62,6 +62,14 @@ class AutoSchema(openapi.AutoSchema):
         schema, required = super()._get_request_for_media_type(serializer, direction)
         return schema, required or (schema is not None and isinstance(serializer, PolymorphicProxySerializer))
 
+    def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
+        """Every throttled operation (agents' request quota, sign-in limits) may answer 429."""
+        responses: dict[str, Any] = super()._get_response_bodies(direction)
+        if "429" not in responses and self.view.get_throttles():
+            problem = OpenApiResponse(ProblemOutput, description="Throttled: wait as `Retry-After` says.")
+            responses["429"] = self._get_response_for_code(problem, "429", ["application/problem+json"], direction)
+        return responses
+
     def _map_basic_serializer(self, serializer: Any, direction: Any) -> dict[str, Any]:
         """A component's description is its own class's docstring; never one inherited from a base
         (drf-spectacular walks the bases, so every shape would read as the base class's notes)."""
@@ -133,3 +141,35 @@ def patterned(pattern: str, message: str, **kwargs: Any) -> serializers.CharFiel
 
 # A cursor or a count in a query string: any larger value is refused rather than overflowing.
 MAX_QUERY_INT = 2**63 - 1
+
+
+class Shape(serializers.Serializer):
+    """A serializer whose fields may be named as Python or DRF cannot declare them (`from`, and
+    `fields`, `errors`, `data`, `parent`, `label`, `required` of a serializer): such a field is
+    declared with a trailing underscore, dropped here."""
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        return {name.removesuffix("_"): field for name, field in super().get_fields().items()}
+
+    def to_internal_value(self, data: Any) -> Any:
+        # DRF's CharField takes a number for a string (0 → "0"): the schema says string, so do we.
+        if isinstance(data, dict):
+            wrong = {
+                name: ["Not a string."]
+                for name, field in self.fields.items()
+                if isinstance(field, serializers.CharField)
+                and not field.read_only
+                and data.get(name) is not None
+                and not isinstance(data[name], str)
+            }
+        else:
+            wrong = {}
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if wrong and isinstance(exc.detail, dict):
+                raise serializers.ValidationError({**exc.detail, **wrong}) from None
+            raise
+        if wrong:
+            raise serializers.ValidationError(wrong)
+        return value

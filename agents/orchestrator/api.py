@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from accounts.models import User
 from agents.orchestrator.actions import submit_prompt
 from agents.orchestrator.models import Prompt
+from config.openapi import Shape
 from config.parsers import LimitedJSONParser
 from sagas import errors
 from sagas.models import Saga
@@ -30,7 +31,7 @@ class PromptProblem(serializers.Serializer):
     detail = serializers.CharField()
 
 
-class PromptCreateInput(serializers.Serializer):
+class PromptCreateInput(Shape):
     prompt = serializers.CharField(max_length=20_000, trim_whitespace=True)
     team = serializers.ListField(child=serializers.CharField(max_length=40), required=False, default=list)
     brain = serializers.CharField(max_length=64, required=False, default="")

@@ -12,6 +12,7 @@ from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from config.openapi import Shape
 from config.parsers import LimitedJSONParser
 from sagas import actions, errors
 from sagas.api.views import ApiView, principal, problems, valid, visible_saga
@@ -32,13 +33,13 @@ class ArtifactListOutput(serializers.Serializer):
     artifacts = ArtifactOutput(many=True)
 
 
-class ArtifactTextInput(serializers.Serializer):
+class ArtifactTextInput(Shape):
     name = serializers.CharField(max_length=100)
     text = serializers.CharField(trim_whitespace=False)
     content_type = serializers.CharField(max_length=120, default="text/plain")
 
 
-class ArtifactFileInput(serializers.Serializer):
+class ArtifactFileInput(Shape):
     name = serializers.CharField(max_length=100, required=False, help_text="Default: the file's name.")
     file = serializers.FileField()
 

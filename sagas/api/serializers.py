@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from config import openapi
-from config.openapi import enum_field
+from config.openapi import Shape, enum_field
 from sagas.actions.collaborators import NAME_PATTERN
 from sagas.actions.requests import TYPE_PATTERN
 from sagas.forms import FIELD_TYPES
@@ -19,38 +19,6 @@ def one_of(choices: Any, **kwargs: Any) -> serializers.CharField:
     name (`status` of sagas, runs, requests and forms; `kind`), and named enum components for them
     would collide."""
     return enum_field(choices, **kwargs)
-
-
-class Shape(serializers.Serializer):
-    """A serializer whose fields may be named as Python or DRF cannot declare them (`from`, and
-    `fields`, `errors`, `data`, `parent`, `label`, `required` of a serializer): such a field is
-    declared with a trailing underscore, dropped here."""
-
-    def get_fields(self) -> dict[str, serializers.Field]:
-        return {name.removesuffix("_"): field for name, field in super().get_fields().items()}
-
-    def to_internal_value(self, data: Any) -> Any:
-        # DRF's CharField takes a number for a string (0 → "0"): the schema says string, so do we.
-        if isinstance(data, dict):
-            wrong = {
-                name: ["Not a string."]
-                for name, field in self.fields.items()
-                if isinstance(field, serializers.CharField)
-                and not field.read_only
-                and data.get(name) is not None
-                and not isinstance(data[name], str)
-            }
-        else:
-            wrong = {}
-        try:
-            value = super().to_internal_value(data)
-        except serializers.ValidationError as exc:
-            if wrong and isinstance(exc.detail, dict):
-                raise serializers.ValidationError({**exc.detail, **wrong}) from None
-            raise
-        if wrong:
-            raise serializers.ValidationError(wrong)
-        return value
 
 
 ProblemOutput = openapi.ProblemOutput  # shared with accounts' token endpoint
