@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from sagas.api import artifacts, schema, teams, tokens, views  # noqa: F401  (schema: its OpenAPI extensions register themselves)
+from sagas.api import artifacts, human_requests, requests, schema, teams, tokens, views  # noqa: F401  (schema: its OpenAPI extensions register themselves)
 from sagas.api.waiting import waiting_view
 
 urlpatterns = [
@@ -22,8 +22,12 @@ urlpatterns = [
         views.CollaboratorExposureApi.as_view(),
         name="api-collaborator-exposure",
     ),
-    path("sagas/<uuid:saga_id>/requests/", waiting_view(views.AgentRequestCreateApi), name="api-requests"),
-    path("sagas/<uuid:saga_id>/human-requests/", views.HumanRequestCreateApi.as_view(), name="api-human-requests"),
+    path("sagas/<uuid:saga_id>/requests/", waiting_view(requests.AgentRequestCreateApi), name="api-requests"),
+    path(
+        "sagas/<uuid:saga_id>/human-requests/",
+        human_requests.HumanRequestCreateApi.as_view(),
+        name="api-human-requests",
+    ),
     path("sagas/<uuid:saga_id>/teams/<str:lead>/", teams.TeamDetailApi.as_view(), name="api-team"),
     path("sagas/<uuid:saga_id>/teams/<str:lead>/teammates/", teams.TeammateSpawnApi.as_view(), name="api-team-spawn"),
     path(
@@ -40,16 +44,20 @@ urlpatterns = [
     path("sagas/<uuid:saga_id>/journal/", views.JournalEventListApi.as_view(), name="api-journal"),
     path("sagas/<uuid:saga_id>/artifacts/", artifacts.ArtifactCollectionApi.as_view(), name="api-artifacts"),
     path("sagas/<uuid:saga_id>/artifacts/<str:name>", artifacts.ArtifactDownloadApi.as_view(), name="api-artifact"),
-    path("requests/<str:request_id>/", views.AgentRequestDetailApi.as_view(), name="api-request"),
-    path("requests/<str:request_id>/reply/", views.AgentRequestReplyApi.as_view(), name="api-request-reply"),
-    path("requests/<str:request_id>/cancel/", views.AgentRequestCancelApi.as_view(), name="api-request-cancel"),
-    path("steering/", waiting_view(views.SteeringFeedApi), name="api-steering"),
+    path("requests/<str:request_id>/", requests.AgentRequestDetailApi.as_view(), name="api-request"),
+    path("requests/<str:request_id>/reply/", requests.AgentRequestReplyApi.as_view(), name="api-request-reply"),
+    path("requests/<str:request_id>/cancel/", requests.AgentRequestCancelApi.as_view(), name="api-request-cancel"),
+    path("steering/", waiting_view(requests.SteeringFeedApi), name="api-steering"),
     path("runs/<str:run_id>/status/", views.RunStatusApi.as_view(), name="api-run-status"),
-    path("human-requests/", views.HumanRequestListApi.as_view(), name="api-human-request-list"),
-    path("human-requests/<str:human_request_id>/", views.HumanRequestDetailApi.as_view(), name="api-human-request"),
+    path("human-requests/", human_requests.HumanRequestListApi.as_view(), name="api-human-request-list"),
+    path(
+        "human-requests/<str:human_request_id>/",
+        human_requests.HumanRequestDetailApi.as_view(),
+        name="api-human-request",
+    ),
     path(
         "human-requests/<str:human_request_id>/answer/",
-        views.HumanRequestAnswerApi.as_view(),
+        human_requests.HumanRequestAnswerApi.as_view(),
         name="api-human-request-answer",
     ),
 ]
