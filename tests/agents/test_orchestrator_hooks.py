@@ -5,10 +5,14 @@ import json
 from pathlib import Path
 
 import pytest
+from django.conf import LazySettings
 from rest_framework.test import APIClient
 
 from accounts.models import User
+from agents.actions import load_profiles
+from agents.hooks import prepare_prompt
 from agents.hooks.actions import load_hooks
+from agents.orchestrator.actions import load_brains
 from agents.orchestrator.models import Prompt
 from journal.models import JournalEvent
 from sagas import actions
@@ -123,3 +127,28 @@ def test_bad_references_are_refused_at_submission(saga: Saga, alice: User, bob: 
     assert hidden_ref.status_code == missing_ref.status_code == 404
     assert hidden_ref.json()["code"] == "not_found" and hidden_ref.json()["title"] == missing_ref.json()["title"]
     assert Prompt.objects.count() == 0 and not JournalEvent.objects.filter(saga=saga, type="prompt.submitted")
+
+
+def test_routing_run_again_after_a_crash_does_not_run_a_finished_hook_twice(
+    saga: Saga, alice: User, tmp_path: Path, settings: LazySettings
+) -> None:
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+
+    settings.AGORA_HOOKS_INLINE = True  # the steps run here, in this process
+    load_profiles(entries=[{"name": f"k-{r}", "role": r, "model": "m-none", "tools": ["finish"]} for r in ("r", "c")])
+    load_brains(entries=[{"name": "k", "planner_profile": "k-r", "roles": {"coder": "k-c"}, "default_primary": "coder",
+                          "review_role": ""}])  # fmt: skip
+    ran = tmp_path / "ran"
+    load_hooks(entries=[command("count", "SessionStart", "--count", str(ran))])
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement it.", brain="k")
+    # A first routing ran the hooks, then its worker died before the step moved on.
+    prepare_prompt(saga=saga, user=alice, prompt_id=prompt.pk, text=prompt.text, brain="k")
+    assert ran.read_text().count("ran") == 1
+
+    steps.advance(str(prompt.pk))  # the resumed routing
+
+    prompt.refresh_from_db()
+    assert prompt.step == "primary" and prompt.status == "running"
+    assert ran.read_text().count("ran") == 1  # stored under its key: not run again
+    assert len(hook_events(saga, "hook_session_start")) == 1
