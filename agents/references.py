@@ -45,6 +45,20 @@ def expand_references(*, text: str, saga: Saga, user: Any) -> Expansion:
     return Expansion(text=expanded, needs_vision=any(a.is_image for a in artifacts.values()))
 
 
+def check_references(*, text: str, saga: Saga, user: Any) -> None:
+    """What `expand_references` refuses, checked without reading anything of the referenced sagas
+    or artifacts: for the web process, that refuses a bad prompt before it is created."""
+    for raw in unique(SAGA_REF.findall(text)):
+        visible_saga(raw, user)
+    names = unique(ARTIFACT_REF.findall(text))
+    known = set(Artifact.objects.filter(saga=saga, name__in=names).values_list("name", flat=True))
+    if unknown := [n for n in names if n not in known]:
+        raise errors.InvalidPayload(
+            f"Unknown artifacts in this saga: {', '.join(unknown)}.",
+            errors={"artifacts": [f"No artifact {n} in this saga." for n in unknown]},
+        )
+
+
 def image_artifacts(*, text: str, saga: Saga) -> list[Artifact]:
     """The image artifacts a prompt references, for the vision roles that get them."""
     names = unique(ARTIFACT_REF.findall(text))

@@ -17,6 +17,7 @@ from accounts.models import User
 from agents.models import AgentProfile
 from agents.orchestrator.models import Brain, Prompt
 from agents.orchestrator.plans import RESERVED_SLOTS
+from agents.references import check_references
 from journal.actions import record
 from sagas import actions, errors
 from sagas.access import may_manage
@@ -79,6 +80,8 @@ def submit_prompt(
         raise errors.InvalidPayload("An empty prompt.", errors={"prompt": ["Required."]})
     if len(text) > MAX_PROMPT_CHARS:
         raise errors.InvalidPayload("The prompt is too long.", errors={"prompt": [f"At most {MAX_PROMPT_CHARS}."]})
+    # Refused here, before anything is created; the worker expands them (hooks run only there).
+    check_references(text=text, saga=saga, user=by)
     chosen = Brain.objects.filter(name=brain).first() if brain else default_brain()
     if chosen is None:
         raise errors.InvalidPayload(

@@ -54,6 +54,9 @@ class PromptOutput(serializers.Serializer):
     status = serializers.CharField(help_text=" | ".join(Prompt.Status.values))
     step = serializers.CharField(help_text=" → ".join(Prompt.Step.values))
     prompt = serializers.CharField()
+    expanded = serializers.CharField(
+        allow_blank=True, help_text="The prompt as routed: references expanded, hook context added."
+    )
     team = serializers.ListField(child=serializers.CharField())
     plan = serializers.JSONField(allow_null=True, help_text="{primary_role, workers, requires_review, reason, source}")
     results = serializers.JSONField(help_text="Each support worker's WorkerResult, with its role and goal.")

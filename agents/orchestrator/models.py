@@ -63,6 +63,9 @@ class Prompt(models.Model):
     )
     submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     text = models.TextField()
+    expanded = models.TextField(
+        blank=True, help_text="The prompt as the router and workers get it: references expanded, hook context added."
+    )
     images = models.JSONField(default=list, blank=True, help_text="Image references; only vision roles get them.")
     team = models.JSONField(default=list, blank=True, help_text="Forced roles: no router, no review.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
@@ -127,6 +130,7 @@ class Prompt(models.Model):
             "status": self.status,
             "step": self.step,
             "prompt": self.text,
+            "expanded": self.expanded,
             "team": self.team,
             "plan": self.plan,
             "results": self.results,

@@ -8,6 +8,11 @@ moves the prompt on with a compare-and-set on its step, in the same saga transac
 the next delegations and journals the step. A step that finds its work unfinished returns; a step
 run twice (two doorbells, a redelivery after kill -9) loses the compare-and-set and writes nothing,
 so no second set of delegations is ever created and no finished worker runs again.
+
+Lifecycle hooks wrap the steps, always before the step's transaction (a handler may take its whole
+timeout): SessionStart, reference expansion and UserPromptSubmit before routing, SubagentStart
+before each support worker is started, SubagentStop once its result is in, Stop before the prompt
+ends. Each run is keyed (`hook_key`), so a step run again finds the finished handlers stored.
 """
 
 import json
@@ -20,12 +25,14 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from agents.hooks import Event, PreparedPrompt, hook_key, prepare_prompt, run_hooks
+from agents.hooks.lifecycle import CONTEXT_HEADING
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator import handoffs, plans, router
 from agents.orchestrator.models import Prompt
 from journal.actions import record
-from sagas import actions
+from sagas import actions, errors
 from sagas.models import Collaborator, Run
 
 logger = logging.getLogger(__name__)
@@ -33,6 +40,7 @@ Step = Prompt.Step
 
 SUPPORT_EXPECTED = "A WorkerResult JSON object: progress, summary, artifacts, risks, next_questions."
 REVIEW_EXPECTED = "A review JSON object: decision, confidence, findings, required_changes, blocking_issues."
+FEEDBACK_HEADING = "--- Feedback from hooks ---"
 
 
 def advance(prompt_id: str) -> None:
@@ -50,31 +58,47 @@ def advance(prompt_id: str) -> None:
 
 def route(prompt: Prompt) -> bool:
     brain = prompt.brain
-    if not prompt.is_team and not claim_routing(prompt):
-        return False  # another task is asking the router; a lapsed lease (a killed worker) frees it
+    if not claim_routing(prompt):
+        return False  # another task is routing (or running hooks); a lapsed lease (a killed worker) frees it
+    try:
+        prepared = prepare_prompt(
+            saga=prompt.saga, user=prompt.submitted_by, prompt_id=prompt.pk, text=prompt.text, brain=brain.name
+        )
+    except (errors.NotFound, errors.InvalidPayload) as exc:
+        # Checked at submission; an artifact deleted or a saga hidden since then ends it here.
+        return fail(prompt, Step.ROUTING, f"The prompt's references: {exc.detail}")
+    if prepared.blocked:
+        return end_blocked(prompt, prepared)
+    prompt.expanded = text = prepared.text
+    vision = bool(prompt.images) or prepared.needs_vision
     if prompt.is_team:
         plan = plans.forced_plan(prompt.team)
     else:
-        allowed = router.vision_roles(brain.roles) if prompt.images else None
+        allowed = router.vision_roles(brain.roles) if vision else None
         routing = plans.Routing.of(brain, allowed=allowed)
         if not routing.support_roles:
             return fail(prompt, Step.ROUTING, "No role of this brain can see images.")
-        fallback = plans.heuristic_plan(prompt.text, routing)
+        fallback = plans.heuristic_plan(text, routing)
         answer, error = router.ask_router(
             profile_name=brain.planner_profile,
-            text=plans.router_prompt(prompt.text, routing, has_images=bool(prompt.images)),
+            text=plans.router_prompt(text, routing, has_images=vision),
             saga_id=prompt.saga_id,
             actor=handle(prompt),
-            needs_vision=bool(prompt.images),
+            needs_vision=vision,
         )
         plan = plans.normalize_router_decision(answer, routing, fallback, error=error)
+    contexts = subagent_start(prompt, plan)
     with actions.saga_transaction(prompt.saga):
-        if not move(prompt, Step.ROUTING, Step.WORKERS, plan=plan):
+        if not move(prompt, Step.ROUTING, Step.WORKERS, plan=plan, expanded=text):
             return False
         journal(prompt, "plan.created", {"plan": plan})
         for worker in plan["workers"]:
-            packet = support_handoff(prompt, worker)
-            start(prompt, worker["role"], role=worker["role"], task=handoffs.support_worker_task(packet))
+            if worker.get("blocked"):
+                continue  # its SubagentStart hook blocked it: its failed result is made at the workers step
+            task = handoffs.support_worker_task(support_handoff(prompt, worker))
+            if contexts.get(worker["role"]):
+                task = f"{task}\n\n{CONTEXT_HEADING}\n{contexts[worker['role']]}"
+            start(prompt, worker["role"], role=worker["role"], task=task)
     return True
 
 
@@ -82,7 +106,7 @@ def workers(prompt: Prompt) -> bool:
     plan = prompt.plan or {}
     done: list[tuple[dict[str, Any], Outcome]] = []
     for worker in plan.get("workers", []):
-        outcome = outcome_of(prompt, worker["role"])
+        outcome = blocked_outcome(worker) or outcome_of(prompt, worker["role"])
         if outcome is None:
             return False
         done.append((worker, outcome))
@@ -97,13 +121,15 @@ def workers(prompt: Prompt) -> bool:
         )
         for w, o in done
     ]
+    subagent_stop(prompt, [(w, o, r) for (w, o), r in zip(done, results, strict=True)])
     # Outside any transaction: connecting may start a server process or wait on a remote one.
     servers = {} if prompt.is_team else primary_mcp(prompt)
+    final = stop_feedback(prompt, handoffs.team_answer(results)) if prompt.is_team else ""
     with actions.saga_transaction(prompt.saga):
         if prompt.is_team:
             answer = handoffs.team_answer(results)
             if not move(
-                prompt, Step.WORKERS, Step.DONE, results=results, answer=answer, final_answer=answer,
+                prompt, Step.WORKERS, Step.DONE, results=results, answer=answer, final_answer=final,
                 status=Prompt.Status.COMPLETED,
             ):  # fmt: skip
                 return False
@@ -116,7 +142,7 @@ def workers(prompt: Prompt) -> bool:
         role = plan["primary_role"]
         if servers:
             journal(prompt, "mcp_connect", {"role": role, "servers": servers})
-        start(prompt, "primary", role=role, task=handoffs.primary_task(prompt.text, results, role))
+        start(prompt, "primary", role=role, task=handoffs.primary_task(request_text(prompt), results, role))
     return True
 
 
@@ -130,12 +156,13 @@ def primary(prompt: Prompt) -> bool:
     plan, brain = prompt.plan or {}, prompt.brain
     review = bool(plan.get("requires_review")) and brain.review_role in brain.roles
     review = review and plan.get("primary_role") != brain.review_role
+    final = "" if review else stop_feedback(prompt, answer)
     with actions.saga_transaction(prompt.saga):
         if review:
             if not move(prompt, Step.PRIMARY, Step.REVIEW, answer=answer):
                 return False
         elif not move(
-            prompt, Step.PRIMARY, Step.DONE, answer=answer, final_answer=answer, status=Prompt.Status.COMPLETED
+            prompt, Step.PRIMARY, Step.DONE, answer=answer, final_answer=final, status=Prompt.Status.COMPLETED
         ):
             return False
         settle(prompt, [outcome])
@@ -146,7 +173,7 @@ def primary(prompt: Prompt) -> bool:
         packet = review_handoff(prompt)
         start(
             prompt, "review", role=brain.review_role,
-            task=handoffs.review_task(prompt.text, answer, prompt.results, packet),
+            task=handoffs.review_task(request_text(prompt), answer, prompt.results, packet),
         )  # fmt: skip
     return True
 
@@ -158,7 +185,7 @@ def review(prompt: Prompt) -> bool:
     verdict = handoffs.gate_review(
         None if outcome.failed else outcome.output, prompt.results, policy=prompt.brain.review_policy
     )
-    final = handoffs.merge_review(prompt.answer, verdict)
+    final = stop_feedback(prompt, handoffs.merge_review(prompt.answer, verdict))
     blocked = verdict["decision"] == "blocked"
     status = Prompt.Status.BLOCKED if blocked else Prompt.Status.COMPLETED
     reason = ("; ".join(verdict["blocking_issues"]) or "The review blocked the answer.") if blocked else ""
@@ -190,6 +217,71 @@ def claim_routing(prompt: Prompt) -> bool:
     return bool(Prompt.objects.filter(free, pk=prompt.pk, step=Step.ROUTING).update(routing_until=lease))
 
 
+# --- the hooks around the steps (each before its step's transaction) ----------------------------
+
+
+def end_blocked(prompt: Prompt, prepared: PreparedPrompt) -> bool:
+    """A SessionStart or UserPromptSubmit handler blocked the prompt: it ends, nothing routed."""
+    reason = prepared.reason or f"Blocked by the {prepared.event} hook {prepared.blocked_by}."
+    with actions.saga_transaction(prompt.saga):
+        if not move(prompt, Step.ROUTING, Step.DONE, status=Prompt.Status.BLOCKED, reason=reason,
+                    expanded=prepared.text):  # fmt: skip
+            return False
+        conclude(prompt, Prompt.Status.BLOCKED, reason=reason)
+    return True
+
+
+def subagent_start(prompt: Prompt, plan: dict[str, Any]) -> dict[str, str]:
+    """SubagentStart for each planned support worker, before it exists (so before its first model
+    call). A block marks that worker `blocked` in the plan, with the reason, and it is never
+    started; the others go on. Returns each worker's added context."""
+    contexts: dict[str, str] = {}
+    for worker in plan["workers"]:
+        role = worker["role"]
+        outcome = run_hooks(
+            saga_id=prompt.saga_id, event=Event.SUBAGENT_START, brain=prompt.brain.name, role=role,
+            key=hook_key(prompt.pk, Event.SUBAGENT_START, role),
+            payload={"prompt_id": str(prompt.pk), "goal": worker["goal"], "prompt": prompt.expanded},
+        )  # fmt: skip
+        if outcome.blocked:
+            worker["blocked"] = outcome.reason or f"Blocked by the SubagentStart hook {outcome.blocked_by}."
+        elif outcome.context:
+            contexts[role] = outcome.context
+    return contexts
+
+
+def blocked_outcome(worker: dict[str, Any]) -> "Outcome | None":
+    """A worker its SubagentStart hook blocked: failed, with the reason, and no run behind it."""
+    return Outcome(None, error=worker["blocked"], failed=True) if worker.get("blocked") else None
+
+
+def subagent_stop(prompt: Prompt, done: list[tuple[dict[str, Any], "Outcome", dict[str, Any]]]) -> None:
+    """SubagentStop after each successful result (no block, no context: it observes)."""
+    for worker, outcome, result in done:
+        if outcome.failed:
+            continue
+        run_hooks(
+            saga_id=prompt.saga_id, event=Event.SUBAGENT_STOP, brain=prompt.brain.name, role=worker["role"],
+            key=hook_key(prompt.pk, Event.SUBAGENT_STOP, worker["role"]),
+            payload={"prompt_id": str(prompt.pk), "result": result},
+        )  # fmt: skip
+
+
+def stop_feedback(prompt: Prompt, answer: str) -> str:
+    """Stop, after the primary and the review: its context is appended to the answer as feedback."""
+    outcome = run_hooks(
+        saga_id=prompt.saga_id, event=Event.STOP, brain=prompt.brain.name, key=hook_key(prompt.pk, Event.STOP),
+        payload={"prompt_id": str(prompt.pk), "answer": answer},
+    )  # fmt: skip
+    return f"{answer}\n\n{FEEDBACK_HEADING}\n{outcome.context}" if outcome.context else answer
+
+
+def request_text(prompt: Prompt) -> str:
+    """What workers get as the request: the expanded prompt (a prompt routed before hooks existed
+    has none)."""
+    return prompt.expanded or prompt.text
+
+
 STEPS: dict[str, Callable[[Prompt], bool]] = {
     Step.ROUTING: route,
     Step.WORKERS: workers,
@@ -204,7 +296,7 @@ STEPS: dict[str, Callable[[Prompt], bool]] = {
 class Outcome:
     """How a delegated worker ended: its output, or the error of a failed run."""
 
-    def __init__(self, run: Run, *, output: Any = None, error: str = "", failed: bool = False) -> None:
+    def __init__(self, run: Run | None, *, output: Any = None, error: str = "", failed: bool = False) -> None:
         self.run, self.output, self.error, self.failed = run, output, error, failed
 
 
@@ -235,8 +327,10 @@ def settle(prompt: Prompt, outcomes: list[Outcome]) -> None:
     """Finish the runs that went idle with their answer, so that no delegate lingers."""
     for outcome in outcomes:
         run = outcome.run
-        if run.status == Run.Status.IDLE and actions.finish_run(
-            run=run, status=Run.Status.COMPLETED, result=outcome.output, actor=handle(prompt)
+        if (
+            run is not None
+            and run.status == Run.Status.IDLE
+            and actions.finish_run(run=run, status=Run.Status.COMPLETED, result=outcome.output, actor=handle(prompt))
         ):
             # The executor journals worker_end only for a run that called finish; this one answered in text.
             record(
@@ -257,7 +351,7 @@ def as_text(output: Any) -> str:
 
 def support_handoff(prompt: Prompt, worker: dict[str, Any]) -> handoffs.Handoff:
     return handoffs.handoff(
-        prompt_id=str(prompt.pk), slot=worker["role"], goal=worker["goal"], original_prompt=prompt.text,
+        prompt_id=str(prompt.pk), slot=worker["role"], goal=worker["goal"], original_prompt=request_text(prompt),
         expected=SUPPORT_EXPECTED,
     )  # fmt: skip
 
@@ -265,7 +359,7 @@ def support_handoff(prompt: Prompt, worker: dict[str, Any]) -> handoffs.Handoff:
 def review_handoff(prompt: Prompt) -> handoffs.Handoff:
     return handoffs.handoff(
         prompt_id=str(prompt.pk), slot="review", goal="Review the primary answer against the request.",
-        original_prompt=prompt.text, expected=REVIEW_EXPECTED,
+        original_prompt=request_text(prompt), expected=REVIEW_EXPECTED,
     )  # fmt: skip
 
 

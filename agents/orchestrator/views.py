@@ -52,7 +52,11 @@ def plan_view(prompt: Prompt, runs: dict[str, Run]) -> dict[str, Any]:
         workers.append(
             {
                 **w,
-                "status": result["status"] if result else live_status(runs.get(prompt.worker_name(w["role"]))),
+                "status": result["status"]
+                if result
+                else "blocked"
+                if w.get("blocked")
+                else live_status(runs.get(prompt.worker_name(w["role"]))),
                 "summary": result["summary"] if result else "",
                 "risks": result["risks"] if result else [],
             }

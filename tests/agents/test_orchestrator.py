@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import LazySettings
 from rest_framework.test import APIClient
 
 from accounts.models import User
@@ -269,9 +270,13 @@ def test_bad_input_is_refused_and_retries_are_idempotent(
     assert Prompt.objects.count() == 1
 
 
-def test_a_prompt_with_images_routes_only_to_roles_that_can_see_them(saga: Saga, alice: User) -> None:
+def test_a_prompt_with_images_routes_only_to_roles_that_can_see_them(
+    saga: Saga, alice: User, settings: LazySettings
+) -> None:
     from agents.orchestrator import steps
     from agents.orchestrator.actions import submit_prompt
+
+    settings.AGORA_HOOKS_INLINE = True  # the routing step runs hooks (none here), in this process
 
     eyes = {"m-vision": ["vision"]}
     load_profiles(

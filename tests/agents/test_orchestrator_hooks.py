@@ -1,0 +1,154 @@
+"""Lifecycle hooks and references wired into the orchestration: a real Celery worker runs the steps
+(and so the hooks), the fake OpenAI-compatible server answers for every role."""
+
+import json
+from pathlib import Path
+
+import pytest
+from django.conf import LazySettings
+from rest_framework.test import APIClient
+
+from accounts.models import User
+from agents.actions import load_profiles
+from agents.hooks import prepare_prompt
+from agents.hooks.actions import load_hooks
+from agents.orchestrator.actions import load_brains
+from agents.orchestrator.models import Prompt
+from journal.models import JournalEvent
+from sagas import actions
+from sagas.models import Collaborator, Saga
+from tests.agents.fake_llm import FakeLLM, say, tool_call
+from tests.agents.hooks_support import command, python
+from tests.agents.test_orchestrator import (
+    fake_brain,  # noqa: F401  (a fixture, used by name in pytestmark)
+    request_text,
+    settled,
+    submit,
+)
+from tests.support import CeleryWorker
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("fake_brain")]
+
+
+def client_for(user: User) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def hook_events(saga: Saga, type: str) -> list[dict[str, object]]:
+    return list(JournalEvent.objects.filter(saga=saga, type=type).order_by("seq").values_list("data", flat=True))
+
+
+def test_a_session_start_block_ends_the_prompt_blocked_before_routing(
+    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User
+) -> None:
+    verdict = json.dumps({"decision": "block", "reason": "No work on release day."})
+    load_hooks(entries=[command("freeze", "SessionStart", "--print", verdict)])
+    client = client_for(alice)
+
+    started = submit(client, saga, prompt="Implement the cursor, with tests.", brain="fake")
+    body = settled(client, started["prompt_id"])
+
+    assert body["status"] == "blocked" and body["reason"] == "No work on release day.", body
+    assert body["plan"] is None and body["results"] == [] and body["final_answer"] == ""
+    assert fake_llm.calls_for("router-m") == [] and fake_llm.calls_for("coder-m") == []
+    lead = Collaborator.objects.get(saga=saga, name=started["lead"].removeprefix("agent:"))
+    assert not Collaborator.objects.filter(saga=saga, name__startswith=f"{lead.name}.").exists()
+    (event,) = hook_events(saga, "hook_session_start")
+    assert event["decision"] == "block" and event["handler"] == "freeze"
+    assert hook_events(saga, "hook_user_prompt_submit") == []  # nothing after the block ran
+    assert [e["reason"] for e in hook_events(saga, "prompt.blocked")] == ["No work on release day."]
+
+
+def test_hooks_wrap_every_step_and_artifacts_reach_the_workers(
+    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User, tmp_path: Path
+) -> None:
+    actions.add_artifact(saga=saga, name="spec.md", content=b"Cursor tokens are opaque.", content_type="text/plain",
+                         by=alice)  # fmt: skip
+    seen_stop = tmp_path / "subagent-stop.json"
+    load_hooks(
+        entries=[
+            command("house", "UserPromptSubmit", "--print", json.dumps({"additional_context": "House rule: no v1."})),
+            python("tester-help", "SubagentStart", "add_context", matcher="tester"),
+            command("no-writer", "SubagentStart", "--print",
+                    json.dumps({"decision": "block", "reason": "Writers are on leave."}), matcher="writer"),
+            command("observer", "SubagentStop", "--stdin-to", str(seen_stop)),
+            command("notes", "Stop", "--print", json.dumps({"additional_context": "Cite the changelog."})),
+        ]
+    )  # fmt: skip
+    fake_llm.script("router-m", say("Sure! The coder should take this one."))  # garbage: the heuristic plans
+    fake_llm.script("tester-m", say("", tool_call("finish", {"result": {"summary": "Twelve cases pass."}})))
+    fake_llm.script("coder-m", say("", tool_call("finish", {"result": "Use an opaque cursor."})))
+    fake_llm.script("review-m", say(json.dumps({"decision": "approve", "confidence": 0.9})))
+    client = client_for(alice)
+
+    started = submit(client, saga, prompt="Implement @artifact:spec.md, with tests and a changelog.", brain="fake")
+    body = settled(client, started["prompt_id"])
+
+    assert [w["role"] for w in body["plan"]["workers"]] == ["tester", "writer"], body
+    # Expanded, with the hook's context: what the router and every worker got.
+    assert "Cursor tokens are opaque." in body["expanded"] and "House rule: no v1." in body["expanded"]
+    (router_call,) = fake_llm.calls_for("router-m")
+    assert "Cursor tokens are opaque." in request_text(router_call) and "House rule" in request_text(router_call)
+    (tester_call,) = fake_llm.calls_for("tester-m")
+    tester_text = request_text(tester_call)
+    assert "Cursor tokens are opaque." in tester_text and "House rule: no v1." in tester_text
+    assert "python saw SubagentStart for tester" in tester_text  # its own SubagentStart context
+    assert "Cursor tokens are opaque." in request_text(fake_llm.calls_for("coder-m")[0])
+    # The blocked worker never ran and failed with the reason; the other one completed.
+    assert fake_llm.calls_for("writer-m") == []
+    tester, writer = body["results"]
+    assert (tester["status"], tester["summary"]) == ("completed", "Twelve cases pass.")
+    assert writer["status"] == "failed" and writer["risks"] == ["Writers are on leave."]
+    assert not Collaborator.objects.filter(saga=saga, name__endswith=".writer").exists()
+    # SubagentStop saw the successful result only; Stop's context is feedback on the final answer.
+    stop_event = json.loads(seen_stop.read_text())
+    assert stop_event["role"] == "tester" and stop_event["result"]["summary"] == "Twelve cases pass."
+    assert body["final_answer"].startswith("Use an opaque cursor.")
+    assert body["final_answer"].endswith("--- Feedback from hooks ---\nCite the changelog.")
+    assert [e["handler"] for e in hook_events(saga, "hook_user_prompt_submit")] == ["house"]
+    starts = {e["role"]: e["decision"] for e in hook_events(saga, "hook_subagent_start")}
+    assert starts == {"tester": "", "writer": "block"}
+    assert [e["role"] for e in hook_events(saga, "hook_subagent_stop")] == ["tester"]
+    assert [e["handler"] for e in hook_events(saga, "hook_stop")] == ["notes"]
+
+
+def test_bad_references_are_refused_at_submission(saga: Saga, alice: User, bob: User) -> None:
+    hidden = actions.create_saga(title="Bob's", goal="Not for Alice", owner=bob)
+    client = client_for(alice)
+    url = f"/api/v1/sagas/{saga.pk}/prompts/"
+
+    unknown = client.post(url, {"prompt": "Use @artifact:ghost.md", "brain": "fake"}, format="json")
+    assert unknown.status_code == 400 and unknown.json()["code"] == "invalid_payload"
+    assert "ghost.md" in unknown.json()["detail"]
+    hidden_ref = client.post(url, {"prompt": f"Do as in @@{hidden.pk}", "brain": "fake"}, format="json")
+    missing_ref = client.post(url, {"prompt": "Do as in @@00000000-0000-0000-0000-000000000000"}, format="json")
+    assert hidden_ref.status_code == missing_ref.status_code == 404
+    assert hidden_ref.json()["code"] == "not_found" and hidden_ref.json()["title"] == missing_ref.json()["title"]
+    assert Prompt.objects.count() == 0 and not JournalEvent.objects.filter(saga=saga, type="prompt.submitted")
+
+
+def test_routing_run_again_after_a_crash_does_not_run_a_finished_hook_twice(
+    saga: Saga, alice: User, tmp_path: Path, settings: LazySettings
+) -> None:
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+
+    settings.AGORA_HOOKS_INLINE = True  # the steps run here, in this process
+    load_profiles(entries=[{"name": f"k-{r}", "role": r, "model": "m-none", "tools": ["finish"]} for r in ("r", "c")])
+    load_brains(entries=[{"name": "k", "planner_profile": "k-r", "roles": {"coder": "k-c"}, "default_primary": "coder",
+                          "review_role": ""}])  # fmt: skip
+    ran = tmp_path / "ran"
+    load_hooks(entries=[command("count", "SessionStart", "--count", str(ran))])
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement it.", brain="k")
+    # A first routing ran the hooks, then its worker died before the step moved on.
+    prepare_prompt(saga=saga, user=alice, prompt_id=prompt.pk, text=prompt.text, brain="k")
+    assert ran.read_text().count("ran") == 1
+
+    steps.advance(str(prompt.pk))  # the resumed routing
+
+    prompt.refresh_from_db()
+    assert prompt.step == "primary" and prompt.status == "running"
+    assert ran.read_text().count("ran") == 1  # stored under its key: not run again
+    assert len(hook_events(saga, "hook_session_start")) == 1
