@@ -1,11 +1,9 @@
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from agents.management.loading import LOAD_ERRORS, read_entries
 from agents.orchestrator.actions import load_brains
 
 
@@ -17,9 +15,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, file: Path, **options: Any) -> None:
         try:
-            text = file.read_text()
-            entries = yaml.safe_load(text) if file.suffix in (".yaml", ".yml") else json.loads(text)
+            entries = read_entries(file)
             created, updated = load_brains(entries=entries)
-        except (OSError, ValueError, yaml.YAMLError, ValidationError) as exc:
+        except LOAD_ERRORS as exc:
             raise CommandError(f"{file}: {exc}") from exc
         self.stdout.write(f"{created} brains created, {updated} updated.")

@@ -1,12 +1,10 @@
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents.hooks.actions import load_hooks
+from agents.management.loading import LOAD_ERRORS, read_entries
 
 
 class Command(BaseCommand):
@@ -20,9 +18,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, file: Path, **options: Any) -> None:
         try:
-            text = file.read_text()
-            entries = yaml.safe_load(text) if file.suffix in (".yaml", ".yml") else json.loads(text)
+            entries = read_entries(file)
             created, updated = load_hooks(entries=entries)
-        except (OSError, ValueError, yaml.YAMLError, ValidationError) as exc:
+        except LOAD_ERRORS as exc:
             raise CommandError(f"{file}: {exc}") from exc
         self.stdout.write(f"{created} hooks created, {updated} updated.")

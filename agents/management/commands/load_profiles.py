@@ -1,13 +1,11 @@
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from agents.actions import load_profiles
+from agents.management.loading import LOAD_ERRORS, read_entries
 from agents.mcp.actions import load_mcp_servers
 
 
@@ -22,8 +20,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, file: Path, **options: Any) -> None:
         try:
-            text = file.read_text()
-            entries = yaml.safe_load(text) if file.suffix in (".yaml", ".yml") else json.loads(text)
+            entries = read_entries(file)
             servers: Any = []
             if isinstance(entries, dict):
                 if not set(entries) <= {"profiles", "mcp_servers"}:
@@ -32,7 +29,7 @@ class Command(BaseCommand):
             with transaction.atomic():
                 servers_created, servers_updated = load_mcp_servers(entries=servers)
                 created, updated = load_profiles(entries=entries)
-        except (OSError, ValueError, yaml.YAMLError, ValidationError) as exc:
+        except LOAD_ERRORS as exc:
             raise CommandError(f"{file}: {exc}") from exc
         self.stdout.write(f"{created} profiles created, {updated} updated.")
         if servers:
