@@ -266,7 +266,7 @@ def test_bad_input_is_refused_and_retries_are_idempotent(
     assert Prompt.objects.count() == 1
     Saga.objects.filter(pk=saga.pk).update(status=Saga.Status.CANCELLED)
     ended = client.post(url, {"prompt": "Too late"}, format="json")
-    assert ended.status_code == 409 and ended.json()["code"] == "invalid_state"
+    assert ended.status_code == 409 and ended.json()["code"] == "saga_finished"
     assert Prompt.objects.count() == 1
 
 
