@@ -63,6 +63,13 @@ def test_a_saga_finished_over_rest_shuts_its_teams_down_ends_its_work_and_takes_
 
     owner, lead_api = client_for(alice), client_for(lead.user, "Bearer")
     url = f"/api/v1/sagas/{saga.pk}/finish/"
+    untouched = counts(saga)
+    problem(client_for(bob).post(url, {"status": "cancelled"}, format="json"), 403, "forbidden")
+    problem(lead_api.post(url, {"status": "cancelled"}, format="json"), 403, "forbidden")
+    assert counts(saga) == untouched and Saga.objects.get(pk=saga.pk).status == Saga.Status.OPEN
+    assert run_of(idler).status == Run.Status.IDLE
+    assert AgentRequest.objects.get(pk=inbound.pk).status == AgentRequest.Status.PENDING
+
     response = owner.post(url, {"status": "completed", "reason": "Shipped"}, format="json")
 
     assert response.status_code == 200, response.content
