@@ -29,7 +29,7 @@ from agents.tools import Call, execute, schemas
 from config.sql import columns, db_value, fetch_one, py_value
 from journal.actions import record
 from sagas import actions
-from sagas.models import AgentRequest, Run, SteeringItem
+from sagas.models import AgentRequest, Run, SteeringItem, Team
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +169,8 @@ class Turns:
             return self.finish(Run.Status.FAILED, error=f"Turn budget of {self.profile.max_turns} turns exhausted.")
         if self.transcript.tokens >= self.profile.max_tokens:
             return self.finish(Run.Status.FAILED, error=f"Token budget of {self.profile.max_tokens} tokens exhausted.")
+        if self.run.team_id is not None and not self.within_team_budget():
+            return False
         if self.turn == 1 and not self.transcript.messages:
             self.journal(
                 "worker_start", {"role": self.profile.role, "task": self.collaborator.task, "worker": self.worker}
@@ -342,6 +344,20 @@ class Turns:
             return completion, round((time.perf_counter() - started) * 1000, 1)
         return None, 0.0
 
+    def within_team_budget(self) -> bool:
+        """A teammate's turn first asks whether its team has tokens left (one statement); if not,
+        the teammate is shut down here, before any model call (`team_budget_exhausted`)."""
+        with connection.cursor() as cursor:
+            cursor.execute(_TEAM_TOKENS_SQL, [self.run.team_id])
+            row = cursor.fetchone()
+        if row is None:
+            return True
+        budget, used = row
+        if used < budget:
+            return True
+        actions.stop_over_budget(run=self.run, used=used, budget=budget)
+        return False
+
     # --- the end ----------------------------------------------------------------------------
 
     def finish(self, status: str, *, result: Any = None, error: str = "") -> bool:
@@ -400,6 +416,12 @@ class Transcript:
 
 _READ_SQL = (
     f"SELECT seq, message, tokens FROM {TranscriptEntry._meta.db_table} WHERE run_id = %s AND seq > %s ORDER BY seq"
+)
+# A team's token budget and what its teammates have used so far.
+_TEAM_TOKENS_SQL = (
+    f"SELECT t.max_tokens, (SELECT COALESCE(SUM(e.tokens), 0) FROM {TranscriptEntry._meta.db_table} e "
+    f"JOIN {Run._meta.db_table} r ON r.id = e.run_id WHERE r.team_id = t.id) FROM {Team._meta.db_table} t "
+    "WHERE t.id = %s"
 )
 _INSERT_SQL = f"INSERT INTO {TranscriptEntry._meta.db_table} (run_id, seq, turn, message, tokens, created_at) VALUES "
 

@@ -261,6 +261,7 @@ SPECTACULAR_SETTINGS = {
         "CollaboratorKindEnum": "sagas.models.Collaborator.Kind",
         "SteeringKindEnum": "sagas.models.SteeringItem.Kind",
         "ExternalRunStatusEnum": ["working", "idle", "finished"],
+        "SagaEndStatusEnum": ["completed", "cancelled"],
         "PendingStatusEnum": ["pending"],
     },
 }

@@ -409,6 +409,10 @@ def describe(event: JournalEvent) -> str:
         return f"set {d.get('lead')}'s team budgets: {d.get('max_teammates')} teammates, {d.get('max_tokens')} tokens"
     if kind == "human_request.created":
         return f"asked {d.get('to')}: “{d.get('title', '')}”"
+    if kind == "saga.finished":
+        return f"finished the saga: {d.get('status')}" + (f" · {short(d['reason'], 120)}" if d.get("reason") else "")
+    if kind == "human_request.cancelled":
+        return f"withdrew {d.get('human_request_id')}"
     if kind == "human_request.answered":
         return f"answered {d.get('human_request_id')}: {short(d.get('answer'), 120)}"
     if kind == "worker_start":

@@ -14,6 +14,7 @@ urlpatterns = [
     path("sagas/<uuid:saga_id>/live/<slug:part>/", views.saga_part, name="part"),
     path("sagas/<uuid:saga_id>/forms/<str:human_request_id>/answer/", views.answer_form, name="answer"),
     path("sagas/<uuid:saga_id>/steer/", views.steer_agent, name="steer"),
+    path("sagas/<uuid:saga_id>/finish/", views.finish_saga, name="finish"),
     path("sagas/<uuid:saga_id>/agents/", views.add_agent, name="add-agent"),
     path("sagas/<uuid:saga_id>/people/", views.add_person, name="add-person"),
     path("sagas/<uuid:saga_id>/agent-token/", views.agent_token, name="agent-token"),

@@ -259,6 +259,9 @@ def answer_form(request: HttpRequest, saga_id: UUID, human_request_id: str) -> H
     except errors.AlreadyAnswered:
         messages.info(request, f"“{human_request.title}” was already answered.")
         return redirect(saga_url(saga, "inbox"))
+    except errors.RequestClosed as exc:
+        messages.info(request, exc.detail)
+        return redirect(saga_url(saga, "inbox"))
     messages.success(request, f"Answer sent to {human_request.asker.handle}.")
     return redirect(saga_url(saga, "inbox"))
 
@@ -314,7 +317,7 @@ def add_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
         return render_saga(
             request, saga, forms={"agent": {"values": values, "errors": {"parent": [exc.detail]}}}, status=400
         )
-    except errors.InvalidPayload as exc:
+    except (errors.InvalidPayload, errors.SagaFinished) as exc:
         return render_saga(request, saga, forms={"agent": {"values": values, "errors": form_errors(exc)}}, status=400)
     if token is None:
         messages.success(request, f"{collaborator.handle} joined; its first turn is queued.")
@@ -373,9 +376,29 @@ def add_person(request: HttpRequest, saga_id: UUID) -> HttpResponse:
             raise PermissionDenied(exc.detail) from exc
         except errors.NameTaken as exc:
             problems = {"username": [exc.detail]}
-        except errors.InvalidPayload as exc:
+        except (errors.InvalidPayload, errors.SagaFinished) as exc:
             problems = form_errors(exc)
         else:
             messages.success(request, f"{collaborator.handle} joined as {collaborator.role or 'a collaborator'}.")
             return redirect(saga_url(saga, "team"))
     return render_saga(request, saga, forms={"person": {"values": values, "errors": problems}}, status=400)
+
+
+@login_required
+@require_POST
+def finish_saga(request: HttpRequest, saga_id: UUID) -> HttpResponse:
+    """A manager finishes the saga (completed or cancelled): everything still at work in it ends."""
+    saga = visible_saga(request, saga_id)
+    if not may_manage(request.user, saga):
+        raise PermissionDenied("Only managers of the saga finish it.")
+    values = {k: request.POST.get(k, "").strip() for k in ("status", "reason")}
+    assert isinstance(request.user, User)
+    try:
+        actions.finish_saga(saga=saga, status=values["status"], reason=values["reason"], by=request.user)
+    except errors.InvalidPayload as exc:
+        return render_saga(request, saga, forms={"finish": {"values": values, "errors": form_errors(exc)}}, status=400)
+    except errors.SagaFinished as exc:
+        messages.info(request, exc.detail)
+        return redirect(saga_url(saga))
+    messages.success(request, f"The saga is {values['status']}: its agents and teams have stopped.")
+    return redirect(saga_url(saga))

@@ -75,7 +75,7 @@ def submit_prompt(
                 raise errors.IdempotencyConflict("This Idempotency-Key was used for another prompt.")
             return first, False
     if saga.is_finished:
-        raise errors.InvalidState(f"The saga is {saga.status}.")
+        raise errors.SagaFinished(f"The saga is {saga.status}: it takes no new work.", saga_status=saga.status)
     if not text.strip():
         raise errors.InvalidPayload("An empty prompt.", errors={"prompt": ["Required."]})
     if len(text) > MAX_PROMPT_CHARS:

@@ -49,6 +49,9 @@ def advance(prompt_id: str) -> None:
         prompt = Prompt.objects.select_related("brain", "saga", "lead__user").filter(pk=prompt_id).first()
         if prompt is None or prompt.step == Step.DONE or prompt.lead is None:
             return
+        if prompt.saga.is_finished:  # its workers were ended with the saga; no step may start more
+            fail(prompt, prompt.step, f"The saga was {prompt.saga.status}.")
+            return
         if not STEPS[prompt.step](prompt):
             return
 

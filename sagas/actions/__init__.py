@@ -5,7 +5,7 @@ from sagas.actions.artifacts import add_artifact
 from sagas.actions.collaborators import add_agent, add_human, find_collaborator
 from sagas.actions.exposure import set_exposed
 from sagas.actions.human_forms import answer_human_request, ask_human, visible_human_request
-from sagas.actions.lifecycle import create_saga
+from sagas.actions.lifecycle import create_saga, finish_saga
 from sagas.actions.locking import saga_transaction
 from sagas.actions.requests import (
     ask_agent,
@@ -41,6 +41,7 @@ from sagas.actions.teams import (
     shutdown_team,
     shutdown_teammate,
     spawn_teammate,
+    stop_over_budget,
     team_of,
     visible_team,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "find_collaborator",
     "find_teammate",
     "finish_run",
+    "finish_saga",
     "get_request_for",
     "idle_teammate_ids",
     "lead_inbox",
@@ -87,6 +89,7 @@ __all__ = [
     "shutdown_teammate",
     "spawn_teammate",
     "steer",
+    "stop_over_budget",
     "take_turn",
     "team_of",
     "visible_human_request",

@@ -13,7 +13,7 @@ from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage, sync_address_grants
 from sagas.actions.caps import check_delegate_caps
-from sagas.actions.locking import lock_saga
+from sagas.actions.locking import lock_open_saga
 from sagas.actions.payloads import check_goal
 from sagas.models import Collaborator, Delegation, Run, Saga
 from sagas.wakeups import ring_run_after_commit
@@ -50,7 +50,7 @@ def add_agent(
     Managers may add agents anywhere; an agent may add only its own delegates. Returns the
     collaborator and, for an external agent, its API token (shown this once).
     """
-    saga = lock_saga(saga.pk)
+    saga = lock_open_saga(saga.pk)
     acting = acting_collaborator(saga, by)
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise errors.InvalidPayload(
@@ -121,7 +121,7 @@ def resolve_parent(saga: Saga, parent: str | None, *, by: User, acting: Collabor
 
 @transaction.atomic
 def add_human(*, saga: Saga, user: User, role: str, task: str, by: User) -> Collaborator:
-    saga = lock_saga(saga.pk)
+    saga = lock_open_saga(saga.pk)
     if not may_manage(by, saga):
         raise errors.Forbidden("Only managers of the saga add collaborators.")
     check_goal(task, field="task")

@@ -4,6 +4,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from accounts.models import User
@@ -12,7 +13,7 @@ from sagas import errors, forms
 from sagas.access import may_manage
 from sagas.actions.caps import check_form_caps
 from sagas.actions.collaborators import find_collaborator
-from sagas.actions.locking import lock_saga
+from sagas.actions.locking import lock_open_saga, lock_saga
 from sagas.actions.payloads import payload_size
 from sagas.actions.requests import sender_run_id
 from sagas.actions.steering import push_steering
@@ -33,7 +34,7 @@ def ask_human(
     schema = forms.check_schema(fields)
     if not isinstance(title, str) or not title.strip() or len(title) > 200:
         raise errors.InvalidPayload("Bad title.", errors={"title": ["1 to 200 characters."]})
-    saga = lock_saga(asker.saga_id)
+    saga = lock_open_saga(asker.saga_id)
     addressee = find_collaborator(saga, to) if to else Collaborator.objects.get(saga=saga, user=saga.owner)
     if addressee is None or addressee.is_agent:
         raise errors.NotFound(f"No person {to} in this saga.")
@@ -70,6 +71,8 @@ def answer_human_request(*, human_request_id: str, answer: Any, by: User) -> Hum
     if not HumanRequest.objects.filter(pk=human_request.pk, status=HumanRequest.Status.PENDING).update(
         status=HumanRequest.Status.ANSWERED, answer=clean, answered_by=by, answered_at=timezone.now()
     ):
+        if HumanRequest.objects.filter(pk=human_request.pk, status=HumanRequest.Status.CANCELLED).exists():
+            raise errors.RequestClosed(f"{human_request_id} was withdrawn: its asker or its saga has ended.")
         raise errors.AlreadyAnswered(f"{human_request_id} was already answered.")
     human_request.refresh_from_db()
     push_steering(
@@ -89,3 +92,17 @@ def visible_human_request(human_request: HumanRequest, user: User) -> bool:
     return user.pk in (human_request.addressee.user_id, human_request.asker.user_id) or may_manage(
         user, human_request.saga
     )
+
+
+def cancel_forms(forms: QuerySet[HumanRequest], *, actor: str) -> int:
+    """Withdraw the pending forms among `forms` (their asker or their saga has ended), each
+    journaled so that the addressees' inboxes drop them; returns how many. Under the saga lock."""
+    pending = forms.filter(status=HumanRequest.Status.PENDING)
+    withdrawn = 0
+    for form_id, saga_id in pending.values_list("pk", "saga_id"):
+        if HumanRequest.objects.filter(pk=form_id, status=HumanRequest.Status.PENDING).update(
+            status=HumanRequest.Status.CANCELLED
+        ):
+            record(saga_id=saga_id, type="human_request.cancelled", actor=actor, data={"human_request_id": form_id})
+            withdrawn += 1
+    return withdrawn

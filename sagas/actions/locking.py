@@ -32,13 +32,30 @@ def lock_saga(saga_id: Any) -> Saga:
     return saga
 
 
+def lock_open_saga(saga_id: Any) -> Saga:
+    """lock_saga() for the writes that start work (a collaborator joins, an ask, a form, a spawn, a
+    broadcast, a steering message): a finished saga refuses them with `saga_finished`. What ends
+    work (replies, cancellations, a turn coming to rest, shutdowns) takes lock_saga() and goes on."""
+    saga = lock_saga(saga_id)
+    status = saga.status
+    if _held_lock.get() is saga and connection.vendor == "sqlite":
+        # The copy saga_transaction() was given may have been read before a finish that committed
+        # ahead of this transaction (an orchestration step's copy, read before its router call).
+        status = Saga.objects.filter(pk=saga.pk).values_list("status", flat=True).first() or status
+    if status != Saga.Status.OPEN:
+        raise errors.SagaFinished(f"The saga is {status}: it takes no new work.", saga_status=status)
+    return saga
+
+
 @contextmanager
 def saga_transaction(saga: Saga) -> Iterator[Saga]:
     """A transaction that takes the saga's lock first and holds it to the end, for callers that
     run several actions in one transaction (a turn of an internal run).
 
-    On SQLite, BEGIN IMMEDIATE has already taken the database's one write lock, and a saga's row
-    never changes after it is created: the caller's copy serves, and nothing is read.
+    On SQLite, BEGIN IMMEDIATE has already taken the database's one write lock, and the caller's
+    copy serves: nothing is read. Its one column that changes, `status`, changes only in
+    finish_saga(), which ends every run of the saga in the same transaction; a turn's transaction
+    starts by proving its run's lease (take_turn, renew_lease), so none acts on a finished saga.
     """
     with transaction.atomic():
         if connection.vendor != "sqlite":

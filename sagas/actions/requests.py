@@ -17,7 +17,7 @@ from config.sql import columns, db_value, fetch_one, insert, update
 from journal.actions import record
 from sagas import errors
 from sagas.access import SagaTree, may_address, may_manage
-from sagas.actions.locking import lock_saga
+from sagas.actions.locking import lock_open_saga, lock_saga
 from sagas.actions.payloads import check_payload
 from sagas.actions.steering import push_steering, resume_waiter, waits_over_http
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
@@ -68,7 +68,7 @@ def ask_agent(
     if wait_s <= 0:
         raise errors.InvalidPayload("Bad timeout.", errors={"timeout_s": ["Must be positive."]})
     digest = body_hash(to=to, type=type, payload=payload, mode=mode)
-    saga = lock_saga(sender.saga_id)
+    saga = lock_open_saga(sender.saga_id)
     now = timezone.now()
     try:
         recipient, hop = check_ask(saga, sender, to, mode, now=now)

@@ -12,7 +12,7 @@ from accounts.models import User
 from config.sql import columns, fetch_one, update
 from journal.actions import record
 from sagas import errors
-from sagas.actions.locking import lock_saga, saga_transaction
+from sagas.actions.locking import lock_open_saga, lock_saga, saga_transaction
 from sagas.actions.requests import Status, close_request, settle
 from sagas.actions.steering import has_unread
 from sagas.models import AgentRequest, Collaborator, Delegation, Run, Saga
@@ -75,7 +75,7 @@ def set_external_status(*, run_id: str, status: str, by: User) -> Run:
     if target == Run.Status.COMPLETED:
         finish_run(run=run, status=target)
     else:
-        lock_saga(run.collaborator.saga_id)
+        lock_open_saga(run.collaborator.saga_id)
         if run.is_finished and not run.resumable:
             raise errors.InvalidState(f"{run_id} has {run.status}.")
         if Run.objects.filter(pk=run.pk).exclude(status=target).update(status=target):

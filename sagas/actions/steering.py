@@ -12,7 +12,7 @@ from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id
-from sagas.actions.locking import lock_saga
+from sagas.actions.locking import lock_open_saga, lock_saga
 from sagas.actions.payloads import check_payload
 from sagas.models import AgentRequest, Broadcast, Collaborator, HumanRequest, Run, Saga, SteeringItem
 from sagas.wakeups import publish_after_commit, ring_run_after_commit, steering_channel
@@ -131,7 +131,7 @@ _DELIVER_SQL = (
 @transaction.atomic
 def steer(*, saga: Saga, to: Collaborator, message: Any, by: User) -> SteeringItem:
     """A manager's message to an agent, delivered at its next turn boundary."""
-    saga = lock_saga(saga.pk)
+    saga = lock_open_saga(saga.pk)
     if not may_manage(by, saga):
         raise errors.Forbidden("Only managers of the saga steer its agents.")
     if to.saga_id != saga.pk:  # managing one saga gives no reach into another

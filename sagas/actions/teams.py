@@ -16,7 +16,8 @@ from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id, add_agent, find_collaborator
-from sagas.actions.locking import lock_saga
+from sagas.actions.human_forms import cancel_forms
+from sagas.actions.locking import lock_open_saga, lock_saga
 from sagas.actions.payloads import check_payload
 from sagas.actions.requests import Status, body_hash, close_request, settle
 from sagas.actions.runs import finish_run
@@ -105,7 +106,7 @@ def spawn_teammate(
 ) -> tuple[Collaborator, bool]:
     """A persistent internal teammate under `lead`; returns it and whether it is new. Refused past
     the team's cap on teammates at work (`team_full`) or on tokens (`team_budget_exhausted`)."""
-    saga = lock_saga(lead.saga_id)
+    saga = lock_open_saga(lead.saga_id)
     if not lead.is_agent:
         raise errors.InvalidPayload("A team's lead is an agent.", errors={"lead": ["Not an agent."]})
     if lead.user_id != by.pk and not may_manage(by, saga):
@@ -147,7 +148,7 @@ def spawn_teammate(
 def broadcast(*, lead: Collaborator, content: Any, by: User, idempotency_key: str = "") -> tuple[Broadcast, bool]:
     """One steering item to every teammate at work, all in this one transaction, journaled once
     with its recipients. Returns the broadcast and whether it is new (a replayed key is not)."""
-    saga = lock_saga(lead.saga_id)
+    saga = lock_open_saga(lead.saga_id)
     team = Team.objects.select_related("lead", "saga").filter(lead=lead).first()
     if team is None:
         raise errors.NotFound(f"{lead.handle} leads no team in this saga.")
@@ -213,10 +214,16 @@ def end_teammate(run: Run, *, reason: str, actor: str) -> bool:
     ):
         if settle(request, Status.CANCELLED):
             close_request(request, actor=mate.handle, notify_recipient=True)
-    HumanRequest.objects.filter(asker=mate, status=HumanRequest.Status.PENDING).update(
-        status=HumanRequest.Status.CANCELLED
-    )
+    cancel_forms(HumanRequest.objects.filter(asker=mate), actor=actor)
     return True
+
+
+def stop_over_budget(*, run: Run, used: int, budget: int) -> bool:
+    """A teammate's turn found its team's tokens spent (`used` of `budget`, as the runtime counts
+    them): it is shut down before its model is called, with the reason `team_budget_exhausted`
+    (journaled in `run.shutdown`, shown in the roster). In the turn's transaction."""
+    reason = f"{errors.TeamBudgetExhausted.code}: the team used {used} of its {budget} tokens."
+    return end_teammate(run, reason=reason, actor="system")
 
 
 def shut_down_idle(*, run_id: str, now: datetime) -> bool:
@@ -262,6 +269,7 @@ class Teammate:
     turns: int
     tokens: int
     last_activity: datetime
+    reason: str  # why it was shut down
 
 
 def roster(team: Team) -> list[Teammate]:
@@ -285,6 +293,7 @@ def roster(team: Team) -> list[Teammate]:
             turns=run.turn,
             tokens=tokens.get(run.pk, 0),
             last_activity=run.updated_at,
+            reason=run.error if run.is_finished else "",
         )
         for run in runs
     ]

@@ -46,6 +46,13 @@ class SagaOutput(Shape):
         return f"human:{saga.owner.username}"
 
 
+class SagaFinishInput(Shape):
+    status = serializers.ChoiceField(choices=["completed", "cancelled"])
+    reason = serializers.CharField(
+        allow_blank=True, required=False, default="", help_text="Journaled with `saga.finished`."
+    )
+
+
 class SagaListOutput(Shape):
     sagas = SagaOutput(many=True)
 

@@ -36,6 +36,9 @@ class TeammateOutput(Shape):
     turns = serializers.IntegerField()
     tokens = serializers.IntegerField()
     last_activity = serializers.DateTimeField()
+    reason = serializers.CharField(
+        help_text="Why it ended, once it has (`team_budget_exhausted: …` when its team ran out of tokens)."
+    )
 
 
 class TeamOutput(Shape):

@@ -6,6 +6,7 @@ from sagas.api.waiting import waiting_view
 urlpatterns = [
     path("sagas/", views.SagaCollectionApi.as_view(), name="api-sagas"),
     path("sagas/<uuid:saga_id>/", views.SagaDetailApi.as_view(), name="api-saga"),
+    path("sagas/<uuid:saga_id>/finish/", views.SagaFinishApi.as_view(), name="api-saga-finish"),
     path("sagas/<uuid:saga_id>/collaborators/", views.CollaboratorCollectionApi.as_view(), name="api-collaborators"),
     path(
         "sagas/<uuid:saga_id>/collaborators/<str:cid>/steer/",

@@ -126,6 +126,26 @@ class SagaDetailApi(ApiView):
         return Response(s.SagaOutput(visible_saga(principal(request), saga_id)).data)
 
 
+class SagaFinishApi(ApiView):
+    callers = {"post": ("person",)}
+
+    @extend_schema(
+        operation_id="sagas_finish",
+        request=s.SagaFinishInput,
+        responses={200: s.SagaOutput, **problems(400, 401, 403, 404, 409)},
+    )
+    def post(self, request: Request, saga_id: UUID) -> Response:
+        """A manager finishes the saga, `completed` or `cancelled`: its teams are shut down, its runs
+        still at work cancelled, its open requests and forms closed; then it takes no new work
+        (`saga_finished`, 409) and stays readable. Again with the same status: unchanged, 200."""
+        saga = visible_saga(principal(request), saga_id)
+        if not may_manage(principal(request), saga):  # like every manager operation: 403 before parsing
+            raise errors.Forbidden("Only managers of the saga finish it.")
+        data = valid(s.SagaFinishInput, request.data)
+        saga = actions.finish_saga(saga=saga, status=data["status"], reason=data["reason"], by=principal(request))
+        return Response(s.SagaOutput(saga).data)
+
+
 # --- collaborators -------------------------------------------------------------------------------
 
 
@@ -195,7 +215,7 @@ class CollaboratorSteerApi(ApiView):
     @extend_schema(
         operation_id="collaborators_steer",
         request=s.SteerInput,
-        responses={201: s.SteerOutput, **problems(400, 401, 403, 404, 413, 429)},
+        responses={201: s.SteerOutput, **problems(400, 401, 403, 404, 409, 413, 429)},
     )
     def post(self, request: Request, saga_id: UUID, cid: str) -> Response:
         """A manager's message to an agent (`cid` such as agent:coder-01), read at its next turn boundary."""

@@ -266,7 +266,7 @@ def test_bad_input_is_refused_and_retries_are_idempotent(
     assert Prompt.objects.count() == 1
     Saga.objects.filter(pk=saga.pk).update(status=Saga.Status.CANCELLED)
     ended = client.post(url, {"prompt": "Too late"}, format="json")
-    assert ended.status_code == 409 and ended.json()["code"] == "invalid_state"
+    assert ended.status_code == 409 and ended.json()["code"] == "saga_finished"
     assert Prompt.objects.count() == 1
 
 
@@ -320,3 +320,22 @@ def test_one_routing_at_a_time_until_its_lease_lapses(default_brain: None, saga:
     assert steps.claim_routing(prompt) is False  # a second doorbell meanwhile does not call the router
     Prompt.objects.filter(pk=prompt.pk).update(routing_until=timezone.now() - timedelta(seconds=1))
     assert steps.claim_routing(prompt) is True  # the first one's worker died: the lease lapsed
+
+
+def test_an_orchestration_whose_saga_finished_ends_at_its_next_step_and_starts_nothing(
+    default_brain: None, saga: Saga, alice: User, client_for: Callable[[User], APIClient]
+) -> None:
+    from agents.orchestrator import steps
+    from sagas import actions
+    from sagas.models import Run
+
+    prompt_id = submit(client_for(alice), saga, prompt="Do it")["prompt_id"]  # no worker: it waits to be routed
+    actions.finish_saga(saga=saga, status="completed", by=alice)
+
+    steps.advance(prompt_id)  # what the periodic resume would run
+
+    prompt = Prompt.objects.get(pk=prompt_id)
+    assert (prompt.status, prompt.step, prompt.reason) == ("failed", "done", "The saga was completed.")
+    assert Run.objects.get(collaborator=prompt.lead).status == Run.Status.CANCELLED
+    assert not Delegation.objects.filter(delegator=prompt.lead).exists()
+    assert types(saga)[-1] == "prompt.failed"
