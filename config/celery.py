@@ -4,6 +4,8 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_ready
 
+from config.liveness import WorkerBeat
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 
@@ -26,6 +28,7 @@ def celery_settings() -> dict[str, Any]:
 app = Celery("agora")
 app.config_from_object(celery_settings())
 app.autodiscover_tasks()
+app.steps["consumer"].add(WorkerBeat)  # what /healthz counts as a live worker
 
 
 @worker_ready.connect
@@ -33,3 +36,4 @@ def reconcile_at_start(sender: Any = None, **kwargs: Any) -> None:
     """A worker that starts after a crash re-rings whatever the crash left silent."""
     app.send_task("sagas.tasks.reconcile")
     app.send_task("agents.orchestrator.resume_prompts")
+
