@@ -2,7 +2,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_process_shutdown, worker_ready
 
 from config.liveness import WorkerBeat
 
@@ -37,3 +37,17 @@ def reconcile_at_start(sender: Any = None, **kwargs: Any) -> None:
     app.send_task("sagas.tasks.reconcile")
     app.send_task("agents.orchestrator.resume_prompts")
 
+
+@worker_init.connect
+def serve_metrics(sender: Any = None, **kwargs: Any) -> None:
+    """A worker host's metrics, when METRICS_PORT asks for them (README, "Observability")."""
+    from config.metrics import start_worker_exporter  # here: `python -m config.metrics_dir` imports this package
+
+    start_worker_exporter()
+
+
+@worker_process_shutdown.connect
+def pool_process_exited(pid: int | None = None, **kwargs: Any) -> None:
+    from config.metrics import process_exited
+
+    process_exited(pid or os.getpid())
