@@ -2,6 +2,7 @@
 directory the processes count into."""
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,9 @@ from django.conf import LazySettings
 from django.test import Client
 
 from config.celery import app as celery_app
+from config.metrics import start_worker_exporter
 from tests.scrape import TOKEN, parse, scrape, value
-from tests.support import BASE_DIR
+from tests.support import BASE_DIR, free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -102,3 +104,17 @@ def test_resetting_the_directory_empties_it_and_refuses_without_one(tmp_path: Pa
     assert refused.returncode == 1 and "PROMETHEUS_MULTIPROC_DIR is not set" in refused.stderr
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in directory.iterdir()) == ["keep.txt"]
+
+
+def test_a_worker_exporter_without_a_directory_refuses_to_serve_zeros(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    monkeypatch.setenv("METRICS_PORT", str(port))
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+
+    start_worker_exporter()
+
+    assert "METRICS_PORT is set but PROMETHEUS_MULTIPROC_DIR is not" in caplog.text
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # nothing took the port
