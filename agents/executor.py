@@ -14,10 +14,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from agents import scripted
@@ -26,9 +27,11 @@ from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator.tasks import is_brain_worker, worker_rested
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
+from config import metrics
 from config.sql import columns, db_value, fetch_one, py_value
 from journal.actions import record
 from sagas import actions
+from sagas.metrics import count_round_trip
 from sagas.models import AgentRequest, Run, SteeringItem, Team
 
 logger = logging.getLogger(__name__)
@@ -157,6 +160,8 @@ class Turns:
                 if claim
                 else actions.renew_lease(run_id=self.run.pk, turn=self.turn)
             ):
+                if not claim:  # a turn this task held was taken over (a claim that fails never held one)
+                    metrics.turn_ended("lost")
                 raise LostTurn
             yield
             self.transcript.save()
@@ -210,6 +215,7 @@ class Turns:
         """End the turn; True when this task goes straight on with the next one."""
         carry_on = time.monotonic() < self.slice_ends
         status = actions.end_turn(run=self.run, turn=self.turn, more=more, carry_on=carry_on)
+        self.ended(status)
         if status != Run.Status.RUNNING:
             return False
         self.turn += 1
@@ -228,7 +234,7 @@ class Turns:
                 self.finish(Run.Status.COMPLETED, result=outcome.extra.get("result"))
                 return True
             if outcome.result is None:
-                actions.end_turn(run=self.run, turn=self.turn, more=False)
+                self.ended(actions.end_turn(run=self.run, turn=self.turn, more=False))
                 return True
             self.transcript.append(self.turn, [tool_message(tool_call["id"], outcome.result)])
         return False
@@ -305,6 +311,7 @@ class Turns:
             result: dict[str, Any] = {"request_id": request.pk, "status": "pending", "timed_out": True}
         else:
             result = actions.outcome(request)
+            count_round_trip(request, at=timezone.now())
             # The reply was given as this call's result; it is not rendered again from steering.
             SteeringItem.objects.filter(recipient=self.collaborator, request=request, consumed_at__isnull=True).update(
                 consumed_turn=self.turn, consumed_at=request.updated_at
@@ -362,8 +369,14 @@ class Turns:
 
     def finish(self, status: str, *, result: Any = None, error: str = "") -> bool:
         actions.finish_run(run=self.run, status=status, result=result, error=error, worker=self.worker)
+        self.ended(status)
         self.journal("worker_end", {"status": status, "result": result, "error": error, "worker": self.worker})
         return False
+
+    def ended(self, status: str | None) -> None:
+        """Count the turn once its transaction commits: `running` goes on in this task, None lost it."""
+        outcome = "continued" if status == Run.Status.RUNNING else status or "lost"
+        transaction.on_commit(partial(metrics.turn_ended, outcome), robust=True)
 
     # --- persistence ------------------------------------------------------------------------
 

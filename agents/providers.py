@@ -2,6 +2,7 @@
 trying again could help; the fallback loop catches only that."""
 
 import os
+import time
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Protocol
@@ -9,6 +10,7 @@ from typing import Any, Protocol
 import openai
 
 from agents import scripted
+from config import metrics
 from config.payloads import storable_text
 
 
@@ -116,5 +118,22 @@ def openai_provider(endpoint: str) -> OpenAICompatibleProvider:
     return OpenAICompatibleProvider(endpoint)
 
 
+class Measured:
+    """A provider whose calls are timed and whose failures are counted, by model (config/metrics.py)."""
+
+    def __init__(self, provider: Provider) -> None:
+        self.provider = provider
+
+    def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        started = time.perf_counter()
+        try:
+            completion = self.provider.complete(model=model, messages=messages, tools=tools)
+        except ProviderError as exc:
+            metrics.model_call_done(model, time.perf_counter() - started, error_class=exc.error_class)
+            raise
+        metrics.model_call_done(model, time.perf_counter() - started)
+        return completion
+
+
 def provider_for(model: str, endpoint: str) -> Provider:
-    return ScriptedProvider() if model.startswith("scripted:") else openai_provider(endpoint)
+    return Measured(ScriptedProvider() if model.startswith("scripted:") else openai_provider(endpoint))

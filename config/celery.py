@@ -2,7 +2,9 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_process_shutdown, worker_ready
+
+from config.liveness import WorkerBeat
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -26,6 +28,7 @@ def celery_settings() -> dict[str, Any]:
 app = Celery("agora")
 app.config_from_object(celery_settings())
 app.autodiscover_tasks()
+app.steps["consumer"].add(WorkerBeat)  # what /healthz counts as a live worker
 
 
 @worker_ready.connect
@@ -33,3 +36,18 @@ def reconcile_at_start(sender: Any = None, **kwargs: Any) -> None:
     """A worker that starts after a crash re-rings whatever the crash left silent."""
     app.send_task("sagas.tasks.reconcile")
     app.send_task("agents.orchestrator.resume_prompts")
+
+
+@worker_init.connect
+def serve_metrics(sender: Any = None, **kwargs: Any) -> None:
+    """A worker host's metrics, when METRICS_PORT asks for them (README, "Observability")."""
+    from config.metrics import start_worker_exporter  # here: `python -m config.metrics_dir` imports this package
+
+    start_worker_exporter()
+
+
+@worker_process_shutdown.connect
+def pool_process_exited(pid: int | None = None, **kwargs: Any) -> None:
+    from config.metrics import process_exited
+
+    process_exited(pid or os.getpid())

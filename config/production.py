@@ -4,7 +4,8 @@
     python -m config.production      # print them, as the README shows them
 
 Each is a shell line with `$VARIABLES` from the environment (defaults below); `python` is the
-interpreter of the virtualenv. Steps run once per release, in order; services run side by side.
+interpreter of the virtualenv. Steps run once per release, in order; host steps on each host before
+its services start; services run side by side.
 Read without Django: printing them needs no settings.
 """
 
@@ -35,6 +36,15 @@ STEPS = [
         "the agent profiles internal agents are added with (again after editing: it updates in place)",
     ),
 ]
+# Each host's processes count their metrics into files in $PROMETHEUS_MULTIPROC_DIR (set it in
+# every service's environment, config/metrics.py); what a previous start left there must go first.
+HOST_STEPS = [
+    Command(
+        "metrics-dir",
+        "python -m config.metrics_dir reset",
+        "on each host before its services (re)start: empties $PROMETHEUS_MULTIPROC_DIR",
+    ),
+]
 SERVICES = [
     Command(
         "web",
@@ -63,7 +73,7 @@ DEFAULTS = {
 
 
 def command(name: str) -> Command:
-    return next(c for c in STEPS + SERVICES if c.name == name)
+    return next(c for c in STEPS + HOST_STEPS + SERVICES if c.name == name)
 
 
 def argv(name: str, env: Mapping[str, str]) -> list[str]:
@@ -78,6 +88,8 @@ def render() -> str:
     """The commands as the README shows them."""
     lines = ["# once per release, in this order"]
     lines += [f"{c.line}  # {c.why}" for c in STEPS]
+    lines += ["", "# on each host, every time its services start"]
+    lines += [f"{c.line}  # {c.why}" for c in HOST_STEPS]
     lines += ["", "# the services, each under your process supervisor"]
     lines += [f"{c.line}  # {c.why}" for c in SERVICES]
     return "\n".join(lines) + "\n"

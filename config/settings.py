@@ -156,7 +156,8 @@ BEHIND_TLS = env_bool("AGORA_BEHIND_TLS", False)
 if BEHIND_TLS:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = True
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # probes from inside the network speak plain HTTP
+    # Probes and scrapes from inside the network speak plain HTTP.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
     SECURE_HSTS_SECONDS = int(os.environ.get("AGORA_HSTS_SECONDS", str(365 * 24 * 3600)))
     # What check --deploy asks for; a domain whose subdomains are not all HTTPS turns these off
     # (check --deploy then warns security.W005 / W021).
@@ -203,6 +204,14 @@ AGORA_TRUSTED_PROXIES = int(os.environ.get("AGORA_TRUSTED_PROXIES", "0"))
 AGORA_SIGNIN_RATE_PER_ADDRESS = os.environ.get("AGORA_SIGNIN_RATE_PER_ADDRESS", "30/m")
 AGORA_SIGNIN_RATE_PER_ACCOUNT = os.environ.get("AGORA_SIGNIN_RATE_PER_ACCOUNT", "10/m")
 AGORA_AGENT_RATE = os.environ.get("AGORA_AGENT_RATE", "50/s")
+
+# Metrics (README, "Observability"). Each process of a host counts into its own file in
+# PROMETHEUS_MULTIPROC_DIR (read by prometheus-client itself when it is imported); `/metrics` adds
+# them up. Without a token only a loopback client while DEBUG is on may read them.
+PROMETHEUS_MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+AGORA_METRICS_TOKEN = os.environ.get("AGORA_METRICS_TOKEN", "")
+# The queues whose depth `/metrics` reports: those the workers consume (the worker command's variable).
+AGORA_METRICS_QUEUES = env_list("WORKER_QUEUES", "celery")
 
 # Celery. The database is the source of truth and Redis only rings doorbells, so these settings
 # favour "run again" over "lose": every task is written to be safe when delivered twice.

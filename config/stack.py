@@ -1,8 +1,9 @@
 """`make run`: the whole of Agora on one machine, supervised as one unit.
 
-Starts the embedded Redis (unless REDIS_URL is set), migrates, creates the demo data, then the ASGI
-web server, a Celery worker and the reconciler's schedule. When one child dies it says which and
-stops the rest; Ctrl-C or SIGTERM stops them all; children die with the supervisor even on kill -9.
+Starts the embedded Redis (unless REDIS_URL is set), migrates, creates the demo data, empties the
+metrics directory, then the ASGI web server, a Celery worker and the reconciler's schedule. When
+one child dies it says which and stops the rest; Ctrl-C or SIGTERM stops them all; children die
+with the supervisor even on kill -9.
 """
 
 import contextlib
@@ -23,7 +24,7 @@ from django.db import DatabaseError, connections
 from redis import Redis
 from redis.exceptions import RedisError
 
-from config import production
+from config import metrics_dir, production
 
 PYTHON = sys.executable
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -100,12 +101,17 @@ class Stack:
         host, port = os.environ.get("WEB_HOST", "127.0.0.1"), os.environ.get("WEB_PORT", "8000")
         # The production commands (config/production.py), on this machine's defaults: one worker
         # of WORKER_CONCURRENCY processes on the queues in WORKER_QUEUES, and the reconciler.
+        # Every process counts its metrics into its own file there; `/metrics` adds them up. The
+        # counts of an earlier start would add to this one's: emptied first (config/metrics.py).
+        metrics_path = os.environ.get(metrics_dir.MULTIPROC_ENV) or str(s.DATA_DIR / "metrics")
+        metrics_dir.reset(metrics_path)
         env = {
             **os.environ,
             "WEB_HOST": host,
             "WEB_PORT": port,
             "WORKER_NAME": os.environ.get("WORKER_NAME", "agora"),
             "AGORA_DATA_DIR": str(s.DATA_DIR),
+            metrics_dir.MULTIPROC_ENV: metrics_path,
         }
         self.start("web", production.argv("web", env))
         self.start("worker", production.argv("worker", env))

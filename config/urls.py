@@ -6,6 +6,7 @@ from accounts.api import TokenCreateApi
 from accounts.views import ThrottledLoginView
 from agents.orchestrator.urls import api_urls as orchestrator_api
 from agents.orchestrator.urls import page_urls as orchestrator_pages
+from config.exposition import MetricsView
 from config.health import healthz
 from sagas.api.urls import fallback as api_fallback
 
@@ -21,6 +22,7 @@ api_v1: list[URLPattern | URLResolver] = [
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", MetricsView.as_view(), name="metrics"),
     path("admin/", admin.site.urls),
     path("accounts/login/", ThrottledLoginView.as_view(), name="login"),  # before Django's own login
     path("accounts/", include("django.contrib.auth.urls")),

@@ -12,3 +12,9 @@ class SagasConfig(AppConfig):
         from sagas.access import JournalLens
 
         provide_reader_rule(JournalLens)
+
+        # The runs by status that `/metrics` reports, read from the kernel's table at scrape time.
+        from config.metrics import provide_scrape_collector
+        from sagas.metrics import RunsByStatus
+
+        provide_scrape_collector(RunsByStatus)

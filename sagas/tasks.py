@@ -5,6 +5,7 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from config import metrics
 from sagas import actions
 from sagas.models import Collaborator, Run, SteeringItem
 from sagas.wakeups import ring_run
@@ -33,7 +34,8 @@ def requeue_runs(now: datetime) -> int:
     # Marked as last touched long ago, so that the re-ring below picks them up at once.
     due_now = now - timedelta(seconds=settings.AGORA_RERING_S)
     for run_id in internal.filter(status=Run.Status.RUNNING, lease_until__lt=now).values_list("pk", flat=True)[:500]:
-        actions.reclaim_lapsed_turn(run_id=run_id, now=now, mark=due_now)
+        if actions.reclaim_lapsed_turn(run_id=run_id, now=now, mark=due_now):
+            metrics.LEASE_RECLAIMS.inc()
     internal.filter(status=Run.Status.WAITING, wait_until__lt=now).update(
         status=Run.Status.QUEUED, wait_until=None, updated_at=due_now
     )
@@ -46,4 +48,5 @@ def requeue_runs(now: datetime) -> int:
         if Run.objects.filter(pk=run_id, status=Run.Status.QUEUED, updated_at__lte=due_now).update(updated_at=now):
             ring_run(run_id)
             rung += 1
+    metrics.WAKEUPS_RERUNG.inc(rung)
     return rung

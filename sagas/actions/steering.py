@@ -14,6 +14,7 @@ from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id
 from sagas.actions.locking import lock_open_saga, lock_saga
 from sagas.actions.payloads import check_payload
+from sagas.metrics import count_round_trips
 from sagas.models import AgentRequest, Broadcast, Collaborator, HumanRequest, Run, Saga, SteeringItem
 from sagas.wakeups import publish_after_commit, ring_run_after_commit, steering_channel
 
@@ -102,6 +103,7 @@ def consume_steering(
     update(SteeringItem, {"id": [i.pk for i in consumed]}, consumed_at=now, consumed_turn=turn)
     for item in consumed:
         item.consumed_at, item.consumed_turn = now, turn
+    count_round_trips(consumed, at=now)
     requests = [i.request_id for i in consumed if i.kind == SteeringItem.Kind.REQUEST and i.request_id]
     if requests:
         # The compare-and-set alone decides which of them this delivers.

@@ -3,6 +3,8 @@ import logging
 import pytest
 from django.test import Client
 
+from config import liveness
+from config.celery import app as celery_app
 from tests.support import CeleryWorker, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -16,10 +18,33 @@ def health(client: Client) -> tuple[int, dict[str, str]]:
 def test_healthz_is_ok_with_a_worker_and_503_once_it_stops(client: Client, celery_worker: CeleryWorker) -> None:
     assert health(client) == (200, {"db": "ok", "redis": "ok", "worker": "ok"})
 
-    celery_worker.stop()
+    celery_worker.stop()  # a clean stop takes the worker off the list at once
 
-    wait_until(lambda: health(client)[0] == 503, what="healthz to report the worker down")
     assert health(client) == (503, {"db": "ok", "redis": "ok", "worker": "down"})
+
+
+def test_a_killed_worker_is_reported_down_once_its_beats_stop(client: Client, celery_worker: CeleryWorker) -> None:
+    wait_until(lambda: health(client)[0] == 200, what="healthz to see the worker")
+
+    celery_worker.kill()  # kill -9: nothing says goodbye
+
+    wait_until(lambda: health(client)[0] == 503, timeout=liveness.ALIVE_S + 10, what="healthz to report it down")
+    assert health(client) == (503, {"db": "ok", "redis": "ok", "worker": "down"})
+
+
+def test_a_probe_asks_no_worker_anything(
+    client: Client, celery_worker: CeleryWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load a broadcast ping waits for replies from every worker; the probe reads the beats
+    the workers' loops write instead (config/liveness.py)."""
+
+    def no_broadcast(*args: object, **kwargs: object) -> None:
+        raise AssertionError("healthz broadcast to the workers")
+
+    monkeypatch.setattr(celery_app.control, "broadcast", no_broadcast)
+
+    for _ in range(3):
+        assert health(client) == (200, {"db": "ok", "redis": "ok", "worker": "ok"})
 
 
 def test_healthz_names_redis_when_it_does_not_answer(

@@ -76,9 +76,10 @@ def test_a_deployment_from_exactly_the_production_commands_answers_a_round_trip(
         AGORA_DATA_DIR=str(data_dir), DATABASE_URL=fresh_database, REDIS_URL=redis_url,
         DJANGO_SUPERUSER_USERNAME="ops", DJANGO_SUPERUSER_PASSWORD="ops-password-1",
         DJANGO_SUPERUSER_EMAIL="ops@example.com", WEB_HOST="127.0.0.1", WEB_PORT=str(port), WORKER_NAME="w1",
-        WORKER_CONCURRENCY="1", PYTHONUNBUFFERED="1",
+        WORKER_CONCURRENCY="1", PYTHONUNBUFFERED="1", PROMETHEUS_MULTIPROC_DIR=str(data_dir / "metrics"),
+        AGORA_METRICS_TOKEN="scrape-token",
     )  # fmt: skip
-    for step in production.STEPS:
+    for step in production.STEPS + production.HOST_STEPS:
         done = subprocess.run(
             production.argv(step.name, env), cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120
         )
@@ -122,6 +123,13 @@ def test_a_deployment_from_exactly_the_production_commands_answers_a_round_trip(
             .ok(200)
         )
         assert answered["status"] == "completed" and answered["from"] == "agent:responder"
+        # The client reads its steering past the reply: the round trip ends, in the web process.
+        agent = Http(web.base_url, client["token"])
+        last = agent.get("/api/v1/steering/").ok(200)["items"][-1]["seq"]
+        agent.get(f"/api/v1/steering/?after={last}").ok(200)
+        scraped = Http(web.base_url, "scrape-token").get("/metrics").ok(200)
+        assert 'agora_round_trip_seconds_count{status="completed"} 1.0' in scraped  # counted by daphne
+        assert 'agora_turns_total{outcome="idle"}' in scraped  # by the worker's pool process
         run = ops.get(f"/api/v1/runs/{answered_run(ops, collaborators)}/status/").ok(200)
         assert run["worker"].startswith("w1@")  # the node name the worker command gave it
     finally:

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration
 
 READY_TIMEOUT_S = 90.0
 EXIT_TIMEOUT_S = 40.0  # the supervisor's grace for its children is 10s
+STALE = "counter_999999999.db"
 
 
 def proc_stat(pid: int) -> tuple[str, int, int] | None:
@@ -75,6 +76,8 @@ class Supervisor:
         self.redis_port = free_port()
         self.log_path = log_path
         self.data_dir = tmp_path / "data"
+        (self.data_dir / "metrics").mkdir(parents=True)
+        (self.data_dir / "metrics" / STALE).write_bytes(b"")  # as a previous start would leave it
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
         env.update(
             AGORA_DATA_DIR=str(self.data_dir),
@@ -165,6 +168,10 @@ def supervisor(tmp_path: Path, artifacts: Path) -> Iterator[Supervisor]:
 
 def test_the_stack_comes_up_healthy_and_ctrl_c_leaves_no_process_behind(supervisor: Supervisor) -> None:
     supervisor.wait_healthy()
+    # Its processes count into one emptied directory, and `/metrics` answers loopback in DEBUG.
+    assert not (supervisor.data_dir / "metrics" / STALE).exists()
+    with urllib.request.urlopen(f"http://127.0.0.1:{supervisor.web_port}/metrics", timeout=5) as response:
+        assert "agora_workers 1.0" in response.read().decode()
     wait_until(lambda: f"Agora is up at http://127.0.0.1:{supervisor.web_port}/" in supervisor.log(), what="the URL")
     assert supervisor.redis_answers()
     # The production commands (config/production.py), on this machine's settings.

@@ -90,6 +90,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("healthz", "GET"): "503 503 503 503 503",
     ("healthz", "POST"): "503 503 503 503 503",
     ("journal-export", "GET"): "401 404 404 200 200",
+    ("metrics", "GET"): "403 403 403 403 403",  # no one's session or API token: AGORA_METRICS_TOKEN, unset here
     ("login", "GET"): "200 200 200 200 200",
     ("login", "POST"): "200 200 200 200 200",
     ("logout", "POST"): "login login login login login",
