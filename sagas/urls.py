@@ -20,7 +20,5 @@ urlpatterns = [
     path("sagas/<uuid:saga_id>/artifacts/", artifacts.upload_artifact, name="artifact-upload"),
     path("sagas/<uuid:saga_id>/artifacts/<str:name>", artifacts.download_artifact, name="artifact"),
     path("sagas/<uuid:saga_id>/remote-agents/", remote_agents.allow_remote_agent, name="remote-agent-allow"),
-    path(
-        "sagas/<uuid:saga_id>/remote-agents/remove/", remote_agents.remove_remote_agent, name="remote-agent-remove"
-    ),
+    path("sagas/<uuid:saga_id>/remote-agents/remove/", remote_agents.remove_remote_agent, name="remote-agent-remove"),
 ]
