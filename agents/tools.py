@@ -224,7 +224,7 @@ TOOLS: dict[str, tuple[Callable[..., Outcome], str, dict[str, Any], list[str]]] 
 def schemas(allowed: list[str], *, saga_id: Any = None) -> list[dict[str, Any]]:
     """JSON-schema function definitions of the allowed tools, for the model; `ask_remote_agent`
     names the remote agents the saga allows at this moment."""
-    found = [
+    found: list[dict[str, Any]] = [
         {
             "type": "function",
             "function": {

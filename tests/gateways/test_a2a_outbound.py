@@ -114,8 +114,10 @@ def test_wait_and_async_calls_make_a_real_a2a_round_trip(
     assert tool_result(calls[2], "c2") == {"call_id": async_call.pk, "status": "pending"}
     # The async outcome arrived once, in steering, from the remote agent.
     (item,) = SteeringItem.objects.filter(recipient=caller.agent, sender="remote:helper")
-    assert item.kind == "response" and item.payload["call_id"] == async_call.pk
-    assert item.payload["reply"]["echo"]["parts"] == [{"text": "hello"}]
+    delivered = item.payload
+    assert isinstance(delivered, dict)
+    assert item.kind == "response" and delivered["call_id"] == async_call.pk
+    assert delivered["reply"]["echo"]["parts"] == [{"text": "hello"}]
     assert 'kind="response"' in calls[-1]["messages"][-1]["content"]
 
     # Each call is a request of the A2A client's principal to the responder, in the other saga.

@@ -9,9 +9,10 @@ from django.conf import LazySettings
 from django.test import Client
 
 from accounts.models import User
+from gateways.a2a import outbound
 from journal.models import JournalEvent
 from sagas import actions, errors
-from sagas.models import RemoteAgent, RemoteCall
+from sagas.models import RemoteAgent, RemoteCall, SteeringItem
 from tests.sagas.api_http import client_for, problem
 from tests.sagas.kernel import Team
 
@@ -91,7 +92,7 @@ def test_private_urls_are_allowed_where_the_setting_says_so(team: Team, alice: U
 def test_a_token_variable_is_a_name_never_a_value(team: Team, alice: User) -> None:
     with pytest.raises(errors.InvalidPayload) as refused:
         actions.allow_remote_agent(saga=team.saga, name="x", url=URL, token_env="Bearer abc", by=alice)
-    assert "token_env" in refused.value.extra["errors"]
+    assert refused.value.extra["errors"] == {"token_env": ["The name of an environment variable, or nothing."]}
 
 
 def test_an_agent_calls_only_allowed_remote_agents(team: Team, alice: User, settings: LazySettings) -> None:
@@ -143,8 +144,34 @@ def test_the_saga_page_lists_them_and_managers_allow_and_remove_them(
     seen_by_colleague = colleague.get(page).content.decode()
     assert 'data-remote-agent="translator"' in seen_by_colleague and URL in seen_by_colleague
     assert 'id="remote-agent-form"' not in seen_by_colleague  # no form for a non-manager
-    assert 'id="remote-agent-form"' in owner.get(page).content.decode()
+    owners_page = owner.get(page).content.decode()
+    assert 'id="remote-agent-form"' in owners_page and "allowed remote agent translator" in owners_page
 
     assert colleague.post(remove, {"name": "translator"}).status_code == 403
     assert owner.post(remove, {"name": "translator"}).status_code == 302
     assert not RemoteAgent.objects.exists()
+
+
+def test_a_removed_agent_or_a_passed_deadline_ends_an_open_call_once(team: Team, alice: User) -> None:
+    """The follower's first checks, before any exchange: what fails a call without a word sent."""
+    actions.allow_remote_agent(saga=team.saga, name="translator", url=URL, by=alice)
+    coder = team["coder"]
+    revoked, _ = actions.call_remote_agent(caller=coder, agent="translator", message="one")
+    actions.remove_remote_agent(saga=team.saga, name="translator", by=alice)
+    actions.allow_remote_agent(saga=team.saga, name="translator", url=URL, by=alice)  # no help to the first call
+    late, _ = actions.call_remote_agent(caller=coder, agent="translator", message="two", timeout_s=0.001)
+
+    outbound.follow(revoked.pk, 0)
+    outbound.follow(revoked.pk, 0)  # a duplicated doorbell: the step was claimed, nothing happens
+    outbound.follow(late.pk, 0)
+
+    revoked.refresh_from_db()
+    late.refresh_from_db()
+    assert (revoked.status, revoked.error["code"]) == ("failed", "remote_not_allowed")
+    assert late.error is not None and late.error["code"] == "timeout"
+    outcomes = [i.payload for i in SteeringItem.objects.filter(recipient=coder, sender="remote:translator")]
+    assert [(o["call_id"], o["error"]["code"]) for o in outcomes] == [
+        (revoked.pk, "remote_not_allowed"),
+        (late.pk, "timeout"),
+    ]
+    assert revoked.attempts == late.attempts == 0  # nothing was sent
