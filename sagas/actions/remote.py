@@ -279,9 +279,13 @@ def record_attempts(*, call_id: str, attempts: int) -> None:
 
 def due_remote_calls(now: datetime) -> list[tuple[str, int]]:
     """Open calls whose next step should have run and did not (a lost doorbell, a dead worker):
-    (id, step) pairs for the reconciler to ring again."""
+    (id, step) pairs for the reconciler to ring again. Each is marked as due now (compare-and-set),
+    so that it is rung again at most once per `AGORA_RERING_S`."""
     late = now - timedelta(seconds=settings.AGORA_RERING_S)
-    rows = RemoteCall.objects.filter(status__in=RemoteCall.OPEN).filter(
-        Q(lease_until__isnull=True, next_step_at__lt=late) | Q(lease_until__lt=now)
-    )
-    return list(rows.values_list("pk", "step")[:500])
+    due = Q(lease_until__isnull=True, next_step_at__lt=late) | Q(lease_until__lt=now)
+    rung = []
+    for call_id, step in RemoteCall.objects.filter(due, status__in=RemoteCall.OPEN).values_list("pk", "step")[:500]:
+        marked = RemoteCall.objects.filter(due, pk=call_id, step=step, status__in=RemoteCall.OPEN)
+        if marked.update(lease_until=None, next_step_at=now):
+            rung.append((call_id, step))
+    return rung
