@@ -178,3 +178,15 @@ def test_a_removed_agent_or_a_passed_deadline_ends_an_open_call_once(team: Team,
         (late.pk, "timeout"),
     ]
     assert revoked.attempts == late.attempts == 0  # nothing was sent
+
+
+def test_the_admin_shows_endpoints_and_calls_read_only(team: Team, alice: User, admin_client: Client) -> None:
+    remote = actions.allow_remote_agent(saga=team.saga, name="translator", url=URL, by=alice)
+    call, _ = actions.call_remote_agent(caller=team["coder"], agent="translator", message={"text": "bonjour"})
+    for model, pk in (("remoteagent", remote.pk), ("remotecall", call.pk)):
+        listed = admin_client.get(f"/admin/sagas/{model}/")
+        assert listed.status_code == 200 and "translator" in listed.content.decode()
+        shown = admin_client.get(f"/admin/sagas/{model}/{pk}/change/")
+        assert shown.status_code == 200
+        assert admin_client.get(f"/admin/sagas/{model}/add/").status_code == 403
+    assert "bonjour" in admin_client.get(f"/admin/sagas/remotecall/{call.pk}/change/").content.decode()
