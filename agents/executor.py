@@ -470,5 +470,7 @@ def render(item: SteeringItem) -> str:
         attrs["human_request_id"] = item.human_request_id
     if item.broadcast_id:
         attrs["broadcast_id"] = item.broadcast_id
+    if item.sender.startswith("remote:") and isinstance(item.payload, dict):  # an ask_remote_agent outcome
+        attrs.update(call_id=item.payload.get("call_id"), status=item.payload.get("status"))
     payload = {"error": request.error} if request is not None and request.error else item.payload
     return scripted.header(**attrs) + "\n" + json.dumps(payload, ensure_ascii=False)

@@ -118,7 +118,8 @@ def test_wait_and_async_calls_make_a_real_a2a_round_trip(
     assert isinstance(delivered, dict)
     assert item.kind == "response" and delivered["call_id"] == async_call.pk
     assert delivered["reply"]["echo"]["parts"] == [{"text": "hello"}]
-    assert 'kind="response"' in calls[-1]["messages"][-1]["content"]
+    header = f'<<agora kind="response" from="remote:helper" call_id="{async_call.pk}" status="completed">>'
+    assert calls[-1]["messages"][-1]["content"].startswith(header)
 
     # Each call is a request of the A2A client's principal to the responder, in the other saga.
     for call in (wait_call, async_call):
