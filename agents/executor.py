@@ -181,6 +181,7 @@ class Turns:
                 "worker_start", {"role": self.profile.role, "task": self.collaborator.task, "worker": self.worker}
             )
         resumed = bool(self.run.waiting_on_id) and self.resume_wait()
+        resumed = resumed or (bool(self.run.waiting_on_remote_id) and self.resume_remote_wait())
         interrupted = self.interrupted_calls()
         if interrupted and self.run_calls(interrupted):
             return False
@@ -321,6 +322,21 @@ class Turns:
         self.run.waiting_on_id = None
         return True
 
+    def resume_remote_wait(self) -> bool:
+        """The parked `ask_remote_agent(mode="wait")` gets its result: the reply, or its error; a
+        call still open past its deadline fails here with `timeout`."""
+        run = Run.objects.select_related("waiting_on_remote").get(pk=self.run.pk)
+        call = run.waiting_on_remote
+        if call is None:
+            return False
+        if call.is_open:
+            actions.time_out_remote_call(call)
+        result = actions.remote_outcome(call)
+        self.transcript.append(self.turn, [tool_message(run.wait_tool_call_id, result)])
+        Run.objects.filter(pk=run.pk).update(waiting_on_remote=None, wait_tool_call_id="")
+        self.run.waiting_on_remote_id = None
+        return True
+
     # --- the model --------------------------------------------------------------------------
 
     def call_models(self, history: list[dict[str, Any]]) -> tuple[Completion | None, float]:
@@ -329,7 +345,7 @@ class Turns:
         assert self.profile is not None
         if report := self.mcp.connect():
             self.journal("mcp_connect", {"servers": report})
-        tools = schemas(self.profile.tools) + self.mcp.schemas()
+        tools = schemas(self.profile.tools, saga_id=self.saga_id) + self.mcp.schemas()
         for model in self.profile.candidates:
             if self.profile.requires and not self.profile.can_run_on(model):
                 self.journal(
@@ -489,5 +505,7 @@ def render(item: SteeringItem) -> str:
         attrs["human_request_id"] = item.human_request_id
     if item.broadcast_id:
         attrs["broadcast_id"] = item.broadcast_id
+    if item.sender.startswith("remote:") and isinstance(item.payload, dict):  # an ask_remote_agent outcome
+        attrs.update(call_id=item.payload.get("call_id"), status=item.payload.get("status"))
     payload = {"error": request.error} if request is not None and request.error else item.payload
     return scripted.header(**attrs) + "\n" + json.dumps(payload, ensure_ascii=False)

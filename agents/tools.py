@@ -12,7 +12,7 @@ from typing import Any
 from config.payloads import MalformedJson, Unstorable, loads
 from sagas import actions, errors
 from sagas.access import collaborator_card, visible_collaborators
-from sagas.models import AgentRequest, Collaborator, Run
+from sagas.models import AgentRequest, Collaborator, RemoteAgent, RemoteCall, Run
 
 
 @dataclass
@@ -52,6 +52,19 @@ def ask_agent(
     if mode != AgentRequest.Mode.WAIT:
         return Outcome({"request_id": request.pk, "status": request.status})
     actions.park_on_request(run=call.run, turn=call.turn, request_id=request.pk, tool_call_id=call.call_id)
+    return Outcome(None)
+
+
+def ask_remote_agent(
+    call: Call, agent: str, message: Any, mode: str = "wait", timeout_s: float | None = None
+) -> Outcome:
+    remote, _ = actions.call_remote_agent(
+        caller=call.collaborator, agent=agent, message=message, mode=mode, timeout_s=timeout_s,
+        idempotency_key=call.idempotency_key,
+    )  # fmt: skip
+    if mode != RemoteCall.Mode.WAIT:
+        return Outcome({"call_id": remote.pk, "status": remote.status})
+    actions.park_on_remote(run=call.run, turn=call.turn, call_id=remote.pk, tool_call_id=call.call_id)
     return Outcome(None)
 
 
@@ -128,6 +141,19 @@ TOOLS: dict[str, tuple[Callable[..., Outcome], str, dict[str, Any], list[str]]] 
         },
         ["to", "type", "payload"],
     ),
+    "ask_remote_agent": (
+        ask_remote_agent,
+        "Send a message to a remote A2A agent this saga allows (by its name, or its exact URL). "
+        "mode=wait (default) returns its reply as this call's result, or an error (timeout included); "
+        "mode=async returns a call_id at once and the outcome arrives in a later turn.",
+        {
+            "agent": {"type": "string", "description": "The allowed remote agent's name or URL."},
+            "message": {"description": "Text, or any JSON value (sent as a data part)."},
+            "mode": {"type": "string", "enum": ["wait", "async"]},
+            "timeout_s": {"type": "number", "description": "How long the remote agent has to finish."},
+        },
+        ["agent", "message"],
+    ),
     "reply": (
         reply,
         "Answer a request addressed to you, with a payload or an error.",
@@ -195,9 +221,10 @@ TOOLS: dict[str, tuple[Callable[..., Outcome], str, dict[str, Any], list[str]]] 
 }
 
 
-def schemas(allowed: list[str]) -> list[dict[str, Any]]:
-    """JSON-schema function definitions of the allowed tools, for the model."""
-    return [
+def schemas(allowed: list[str], *, saga_id: Any = None) -> list[dict[str, Any]]:
+    """JSON-schema function definitions of the allowed tools, for the model; `ask_remote_agent`
+    names the remote agents the saga allows at this moment."""
+    found: list[dict[str, Any]] = [
         {
             "type": "function",
             "function": {
@@ -209,6 +236,13 @@ def schemas(allowed: list[str]) -> list[dict[str, Any]]:
         for name, (_, description, properties, required) in TOOLS.items()
         if name in allowed
     ]
+    if saga_id is not None and "ask_remote_agent" in allowed:
+        remotes = RemoteAgent.objects.filter(saga_id=saga_id).order_by("name").values_list("name", "url")
+        names = "; ".join(f"{name} ({url})" for name, url in remotes) or "none yet"
+        for schema in found:
+            if schema["function"]["name"] == "ask_remote_agent":
+                schema["function"]["description"] += f" Allowed remote agents: {names}."
+    return found
 
 
 def execute(call: Call, name: str, arguments: str, allowed: list[str]) -> Outcome:

@@ -350,3 +350,10 @@ AGORA_A2A_HOST_AGENT = os.environ.get("AGORA_A2A_HOST_AGENT", "")
 # Whether A2A push notifications may go to loopback and private addresses (a local webhook);
 # off in production, where a client could otherwise make the workers call internal services.
 AGORA_A2A_PUSH_PRIVATE_URLS = env_bool("AGORA_A2A_PUSH_PRIVATE_URLS", DEBUG)
+# Outbound A2A (`ask_remote_agent`): whether a manager may allow remote agents at loopback and
+# private addresses (the same rule as push notifications, its own switch); how long a call may
+# take by default and at most; how many calls one agent may have open at once.
+AGORA_A2A_REMOTE_PRIVATE_URLS = env_bool("AGORA_A2A_REMOTE_PRIVATE_URLS", DEBUG)
+AGORA_A2A_REMOTE_TIMEOUT_S = float(os.environ.get("AGORA_A2A_REMOTE_TIMEOUT_S", "60"))
+AGORA_A2A_REMOTE_MAX_TIMEOUT_S = float(os.environ.get("AGORA_A2A_REMOTE_MAX_TIMEOUT_S", "600"))
+AGORA_A2A_REMOTE_MAX_OPEN = int(os.environ.get("AGORA_A2A_REMOTE_MAX_OPEN", "16"))

@@ -22,6 +22,8 @@ from sagas.models import (
     Collaborator,
     Delegation,
     HumanRequest,
+    RemoteAgent,
+    RemoteCall,
     Run,
     Saga,
     SteeringItem,
@@ -244,3 +246,40 @@ class BroadcastAdmin(ReadOnlyAdmin):
     list_select_related = ("team__lead",)
     fields = ("id", "team", "sender", "content", "recipients", "idempotency_key", "created_at")
     readonly_fields = fields
+
+
+@admin.register(RemoteAgent)
+class RemoteAgentAdmin(ReadOnlyAdmin):
+    """Allowed and removed by the saga's managers (page or REST), journaled; never edited here."""
+
+    list_display = ("name", "url", "token_env", "added_by", "created_at", "saga_links")
+    search_fields = ("name", "url", "=saga__id", "saga__title")
+    fields = ("saga", "name", "url", "token_env", "added_by", "created_at")
+    readonly_fields = fields
+
+
+@admin.register(RemoteCall)
+class RemoteCallAdmin(ReadOnlyAdmin):
+    list_display = ("id", "caller", "agent_name", "mode", "status", "attempts", "created_at", "saga_links")
+    list_filter = ("status", "mode", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("=id", "agent_name", "url", "=task_id", "caller__name", "=saga__id")
+    list_select_related = ("caller",)
+    date_hierarchy = "created_at"
+    fields = (
+        "id", "saga", "caller", "agent_name", "url", "mode", "status", "task_id", "context_id", "message_",
+        "reply_", "error_", "idempotency_key", "deadline", "attempts", "failures", "step", "next_step_at",
+        "lease_until", "created_at", "updated_at",
+    )  # fmt: skip
+    readonly_fields = fields
+
+    @admin.display(description="message")
+    def message_(self, call: RemoteCall) -> SafeString:
+        return pretty_json(call.message)
+
+    @admin.display(description="reply")
+    def reply_(self, call: RemoteCall) -> SafeString:
+        return pretty_json(call.reply)
+
+    @admin.display(description="error")
+    def error_(self, call: RemoteCall) -> SafeString:
+        return pretty_json(call.error)

@@ -394,11 +394,19 @@ def describe(event: JournalEvent) -> str:
         text = f"run {kind.partition('.')[2]}"
         if d.get("turn"):
             text += f" after turn {d['turn']}"
-        if d.get("request_id"):
-            text += f" on {d['request_id']}"
+        if d.get("request_id") or d.get("remote_call_id"):
+            text += f" on {d.get('request_id') or d.get('remote_call_id')}"
         if d.get("error"):
             text += f": {short(d['error'], 120)}"
         return text
+    if kind == "remote_request":
+        return f"called remote agent {d.get('remote')} · {d.get('mode')} · {d.get('call_id')}"
+    if kind == "remote_reply":
+        failed = d.get("status") == "failed"
+        detail = d.get("error") if failed else d.get("reply")
+        return f"{d.get('remote')} {'failed' if failed else 'answered'} {d.get('call_id')}: {short(detail, 120)}"
+    if kind.startswith("remote_agent."):
+        return f"{kind.partition('.')[2]} remote agent {d.get('remote')}" + (f" at {d['url']}" if d.get("url") else "")
     if kind == "steering.message":
         return f"sent a message to {d.get('to')}"
     if kind == "team.spawned":

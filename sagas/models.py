@@ -177,6 +177,10 @@ class Run(models.Model):
     )
     resumable = models.BooleanField(default=False)
     waiting_on = models.ForeignKey("AgentRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    waiting_on_remote = models.ForeignKey(
+        "RemoteCall", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="The ask_remote_agent call (mode=wait) the run is parked on.",
+    )  # fmt: skip
     wait_until = models.DateTimeField(null=True, blank=True)
     wait_tool_call_id = models.CharField(max_length=120, blank=True)
     result = models.JSONField(null=True, blank=True)
@@ -458,3 +462,7 @@ class Artifact(models.Model):
     @property
     def text(self) -> str:
         return bytes(self.content).decode("utf-8", errors="replace")
+
+
+# The remote A2A agents a saga allows and the calls made to them live in their own module.
+from sagas.remotes import RemoteAgent, RemoteCall  # noqa: E402, F401

@@ -8,7 +8,7 @@ from django.utils import timezone
 from config import metrics
 from sagas import actions
 from sagas.models import Collaborator, Run, SteeringItem
-from sagas.wakeups import ring_run
+from sagas.wakeups import ring_remote_call, ring_run
 
 
 @shared_task(name="sagas.tasks.reconcile")
@@ -24,6 +24,10 @@ def reconcile() -> dict[str, int]:
         actions.shut_down_idle(run_id=i, now=now) for i in actions.idle_teammate_ids(now)
     )
     counts["runs_rung"] = requeue_runs(now)
+    due = actions.due_remote_calls(now)
+    for call_id, step in due:
+        ring_remote_call(call_id, step)
+    counts["remote_calls_rung"] = len(due)
     return counts
 
 

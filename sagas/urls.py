@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from sagas import artifacts, views
+from sagas import artifacts, remote_agents, views
 
 app_name = "sagas"
 
@@ -20,4 +20,6 @@ urlpatterns = [
     path("sagas/<uuid:saga_id>/agent-token/", views.agent_token, name="agent-token"),
     path("sagas/<uuid:saga_id>/artifacts/", artifacts.upload_artifact, name="artifact-upload"),
     path("sagas/<uuid:saga_id>/artifacts/<str:name>", artifacts.download_artifact, name="artifact"),
+    path("sagas/<uuid:saga_id>/remote-agents/", remote_agents.allow_remote_agent, name="remote-agent-allow"),
+    path("sagas/<uuid:saga_id>/remote-agents/remove/", remote_agents.remove_remote_agent, name="remote-agent-remove"),
 ]

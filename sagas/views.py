@@ -132,6 +132,7 @@ def render_saga(
         "runtimes": RUNTIMES,
         "forms": forms or {},
         "artifacts": Artifact.objects.listing(saga),
+        "remote_agents": actions.remote_agents_of(saga),
     }
     for part in PARTS.values():
         context.update(part(request, saga))

@@ -14,6 +14,7 @@ from config.notify import notifier
 logger = logging.getLogger(__name__)
 
 RUN_TURN_TASK = "agents.tasks.run_turn"  # by name: the kernel never imports the runtime
+REMOTE_CALL_TASK = "gateways.a2a.follow_remote_call"  # an ask_remote_agent call's next step
 
 
 def steering_channel(collaborator_id: int) -> str:
@@ -33,6 +34,17 @@ def ring_run(run_id: str) -> None:
         current_app.send_task(RUN_TURN_TASK, args=[run_id])
     except (BrokerError, RedisError, OSError) as exc:
         logger.warning("could not queue a turn for %s (the reconciler will): %s", run_id, exc)
+
+
+def ring_remote_call_after_commit(call_id: str, step: int, *, delay_s: float = 0) -> None:
+    transaction.on_commit(partial(ring_remote_call, call_id, step, delay_s=delay_s))
+
+
+def ring_remote_call(call_id: str, step: int, *, delay_s: float = 0) -> None:
+    try:
+        current_app.send_task(REMOTE_CALL_TASK, args=[call_id, step], countdown=delay_s or None)
+    except (BrokerError, RedisError, OSError) as exc:
+        logger.warning("could not ring remote call %s (the reconciler will): %s", call_id, exc)
 
 
 def publish_after_commit(*channels: str) -> None:

@@ -10,8 +10,9 @@ from celery import shared_task
 from django.conf import settings
 from google.protobuf.json_format import MessageToDict
 
-from gateways.a2a import mapping, push
+from gateways.a2a import mapping, outbound, push
 from gateways.a2a.models import PushConfig
+from sagas.wakeups import REMOTE_CALL_TASK
 
 logger = logging.getLogger(__name__)
 
@@ -60,3 +61,9 @@ def deliver(config: PushConfig, task: pb.Task) -> str | None:
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+@shared_task(name=REMOTE_CALL_TASK, ignore_result=True)
+def follow_remote_call(call_id: str, step: int) -> None:
+    """One step of an agent's call to a remote A2A agent (thin: the steps are in outbound)."""
+    outbound.follow(call_id, step)

@@ -15,7 +15,7 @@ from sagas import errors
 from sagas.actions.locking import lock_open_saga, lock_saga, saga_transaction
 from sagas.actions.requests import Status, close_request, settle
 from sagas.actions.steering import has_unread
-from sagas.models import AgentRequest, Collaborator, Delegation, Run, Saga
+from sagas.models import AgentRequest, Collaborator, Delegation, RemoteCall, Run, Saga
 from sagas.wakeups import ring_run_after_commit
 
 
@@ -32,7 +32,7 @@ def finish_run(
         raise errors.InvalidPayload(f"{status} is not a terminal run status.")
     if not Run.objects.filter(pk=run.pk).exclude(status__in=Run.FINISHED).update(
         status=status, result=result, error=error, lease_until=None, waiting_on=None,
-        wait_until=None,
+        waiting_on_remote=None, wait_until=None,
     ):  # fmt: skip
         return False
     data = {"result": result, "error": error}
@@ -53,6 +53,8 @@ def finish_run(
     )
     return True
 
+
+REMOTE_WAIT_GRACE_S = 2.0
 
 DELEGATION_STATUS: dict[str, str] = {
     Run.Status.COMPLETED: Delegation.Status.COMPLETED,
@@ -197,6 +199,16 @@ def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str 
                 record_rest(run, Run.Status.WAITING, turn=turn, request_id=request.pk)
             return Run.Status.WAITING
         more = True  # answered (or timed out) before the turn even ended
+    elif run.waiting_on_remote_id:
+        call = RemoteCall.objects.get(pk=run.waiting_on_remote_id)
+        if call.is_open:
+            # A little past the call's own deadline: its follower normally ends it first, with
+            # the remote task's id; if not, the resumed turn ends it (time_out_remote_call).
+            until = call.deadline + timedelta(seconds=REMOTE_WAIT_GRACE_S)
+            if update(Run, mine, status=Run.Status.WAITING, wait_until=until, lease_until=None):
+                record_rest(run, Run.Status.WAITING, turn=turn, remote_call_id=call.pk)
+            return Run.Status.WAITING
+        more = True
     status = Run.Status.QUEUED if more or has_unread(collaborator) else Run.Status.IDLE
     if status == Run.Status.QUEUED and carry_on:
         return Run.Status.RUNNING if renew_lease(run_id=run.pk, turn=turn, next_turn=True) else None
@@ -208,7 +220,7 @@ def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str 
     return status
 
 
-def record_rest(run: Run, status: str, *, turn: int, request_id: str = "") -> None:
+def record_rest(run: Run, status: str, *, turn: int, request_id: str = "", remote_call_id: str = "") -> None:
     """Journal a run coming to rest (idle, or waiting on a request): the dashboard's roster and
     tree learn of it from the journal. A run going straight on to its next turn is not recorded;
     its next model call is."""
@@ -217,5 +229,7 @@ def record_rest(run: Run, status: str, *, turn: int, request_id: str = "") -> No
         data["worker"] = run.worker
     if request_id:
         data["request_id"] = request_id
+    if remote_call_id:
+        data["remote_call_id"] = remote_call_id
     collaborator = run.collaborator
     record(saga_id=collaborator.saga_id, type=f"run.{status}", actor=collaborator.handle, run_id=run.pk, data=data)

@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from sagas.api import artifacts, human_requests, requests, schema, teams, tokens, views  # noqa: F401  (schema: its OpenAPI extensions register themselves)
+from sagas.api import artifacts, human_requests, remote_agents, requests, schema, teams, tokens, views  # noqa: F401  (schema: its OpenAPI extensions register themselves)
 from sagas.api.waiting import waiting_view
 
 urlpatterns = [
@@ -22,6 +22,16 @@ urlpatterns = [
         "sagas/<uuid:saga_id>/collaborators/<str:cid>/exposure/",
         views.CollaboratorExposureApi.as_view(),
         name="api-collaborator-exposure",
+    ),
+    path(
+        "sagas/<uuid:saga_id>/remote-agents/",
+        remote_agents.RemoteAgentCollectionApi.as_view(),
+        name="api-remote-agents",
+    ),
+    path(
+        "sagas/<uuid:saga_id>/remote-agents/<str:name>/",
+        remote_agents.RemoteAgentRemoveApi.as_view(),
+        name="api-remote-agent",
     ),
     path("sagas/<uuid:saga_id>/requests/", waiting_view(requests.AgentRequestCreateApi), name="api-requests"),
     path(

@@ -63,11 +63,18 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
         'checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "429"]\n'
         # Likewise named by reference or checked by the kernel alone: a request's recipient (unknown,
         # or the asker itself), a prompt's brain, a form's fields (per-field errors, unique names),
-        # and an artifact's file part, which no generated string fills.
+        # an artifact's file part, which no generated string fills, and a remote agent's URL (a
+        # real http(s) URL, once per saga).
         + "".join(
             f'\n[[operations]]\ninclude-operation-id = "{operation}"\n'
             'checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409"]\n'
-            for operation in ("requests_create", "prompts_create", "human_requests_create", "artifacts_create")
+            for operation in (
+                "requests_create",
+                "prompts_create",
+                "human_requests_create",
+                "artifacts_create",
+                "remote_agents_create",
+            )
         )
         # A saga the fuzzer finished (sagas_finish, with the other status next: 409) refuses new
         # work with saga_finished (409), whatever the body.

@@ -79,6 +79,9 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("api-request-cancel", "POST"): "401 404 404 404 404",
     ("api-request-reply", "POST"): "401 404 404 404 404",
     ("api-requests", "POST"): "401 404 404 400 400",
+    ("api-remote-agent", "DELETE"): "401 404 404 403 403",
+    ("api-remote-agents", "GET"): "401 404 404 200 200",
+    ("api-remote-agents", "POST"): "401 404 404 403 403",
     ("api-run-status", "POST"): "401 400 400 400 400",
     ("api-saga", "GET"): "401 404 404 200 200",
     ("api-saga-finish", "POST"): "401 404 404 403 403",
@@ -114,6 +117,8 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("sagas:list", "GET"): "login 200 login login 200",
     ("sagas:part", "GET"): "login 404 login login 200",
     ("sagas:steer", "POST"): "login 404 login login 400",
+    ("sagas:remote-agent-allow", "POST"): "login 404 login login 403",
+    ("sagas:remote-agent-remove", "POST"): "login 404 login login 403",
 }
 
 

@@ -13,8 +13,11 @@ from redis import Redis
 from agents.actions import load_profiles
 from sagas import errors
 from sagas.actions import (
+    allow_remote_agent,
     ask_agent,
+    call_remote_agent,
     cancel_request,
+    claim_remote_step,
     claim_turn,
     consume_steering,
     end_turn,
@@ -41,7 +44,7 @@ from tests.support import CeleryWorker, wait_until
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
-NOTHING = {"waits_ended": 0, "expired": 0, "teammates_shut_down": 0, "runs_rung": 0}
+NOTHING = {"waits_ended": 0, "expired": 0, "teammates_shut_down": 0, "runs_rung": 0, "remote_calls_rung": 0}
 
 
 def ask(team: Team, sender: str = "lead", to: str = "coder", **options: Any) -> AgentRequest:
@@ -291,7 +294,7 @@ def test_two_reconcilers_at_once_do_each_thing_once(
 
     assert all(isinstance(r, dict) for r in results), results
     totals = {key: sum(r[key] for r in results) for key in NOTHING}
-    assert totals == {"waits_ended": 1, "expired": 4, "teammates_shut_down": 0, "runs_rung": 2}
+    assert totals == {"waits_ended": 1, "expired": 4, "teammates_shut_down": 0, "runs_rung": 2, "remote_calls_rung": 0}
     assert {r.pk: r.status for r in AgentRequest.objects.all()} == {
         **{r.pk: "expired" for r in waits[:2] + expiring},
         waits[2].pk: "pending",
@@ -384,3 +387,26 @@ def test_after_redis_is_flushed_a_real_worker_runs_the_restored_turn_and_the_rep
     assert [(e.type, e.actor) for e in events_of(team.saga, "request.completed")] == [
         ("request.completed", "agent:coder")
     ]
+
+
+# --- calls to remote A2A agents ----------------------------------------------------------------
+
+
+def test_a_remote_call_whose_step_was_lost_is_rung_again_once_per_interval(
+    make_team: MakeTeam, clock: Clock, settings: LazySettings
+) -> None:
+    team = make_team()
+    allow_remote_agent(saga=team.saga, name="x", url="https://agents.example.com/a2a/x/", by=team.saga.owner)
+    call, _ = call_remote_agent(caller=team["coder"], agent="x", message="hi", timeout_s=300)
+    assert reconcile()["remote_calls_rung"] == 0  # its doorbell may still be on its way
+    clock.advance(settings.AGORA_RERING_S + 1)
+    assert reconcile()["remote_calls_rung"] == 1
+    assert reconcile()["remote_calls_rung"] == 0  # re-rung at most once per interval
+
+    claimed = claim_remote_step(call_id=call.pk, step=0, lease_s=30)
+    assert claimed is not None and claimed.step == 1
+    assert claim_remote_step(call_id=call.pk, step=0, lease_s=30) is None  # a duplicated doorbell
+    assert claim_remote_step(call_id=call.pk, step=1, lease_s=30) is None  # the lease is held
+    clock.advance(31)  # its worker died during the step
+    assert reconcile()["remote_calls_rung"] == 1
+    assert claim_remote_step(call_id=call.pk, step=1, lease_s=30) is not None
