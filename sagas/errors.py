@@ -32,5 +32,4 @@ NotTeamLead = _error("NotTeamLead", "not_team_lead", 403, "Not the team's lead")
 TeamFull = _error("TeamFull", "team_full", 409, "Team full")
 TeamBudgetExhausted = _error("TeamBudgetExhausted", "team_budget_exhausted", 409, "Team budget exhausted")
 SagaFinished = _error("SagaFinished", "saga_finished", 409, "Saga finished")
-
 RemoteNotAllowed = _error("RemoteNotAllowed", "remote_not_allowed", 403, "Remote agent not allowed")
