@@ -17,6 +17,7 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_1_0
 from a2a.utils.errors import InvalidParamsError
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -91,7 +92,7 @@ dispatcher = JsonRpcDispatcher(
 
 
 async def card(request: Request) -> Response:
-    base = f"{request.url.scheme}://{request.url.netloc}"
+    base = settings.AGORA_PUBLIC_URL or f"{request.url.scheme}://{request.url.netloc}"
     saga_id = request.path_params.get("saga")
     body = await sync_to_async(load_card)(
         None if saga_id is None else str(saga_id), request.path_params.get("agent", ""), base

@@ -74,7 +74,7 @@ def test_agent_asks_back_and_the_answer_finishes_the_task(
     # Through the kernel: the question was the agent's request to the caller, which the caller answered.
     question = AgentRequest.objects.get(sender=asker, recipient__name="ext")
     assert question.status == AgentRequest.Status.COMPLETED and question.payload["task_id"] == asked.id
-    assert question.reply["message_id"] == "a-1"
+    assert question.reply is not None and question.reply["message_id"] == "a-1"
     assert AgentRequest.objects.get(pk=asked.id).status == AgentRequest.Status.COMPLETED
 
     async def late(client: Client) -> None:  # a terminal task takes no further message
@@ -108,9 +108,10 @@ def test_follow_up_question_and_stream_to_input_required(web_server: WebServer, 
     task, after = run(url, cast.ext_token, start_and_follow_up)
     assert task.status.state == after.status.state == pb.TASK_STATE_SUBMITTED and after.id == task.id
     items = SteeringItem.objects.filter(recipient=cast.slow, kind=SteeringItem.Kind.MESSAGE)
-    assert [(i.sender, i.payload["request_id"], i.payload["message"]["parts"]) for i in items] == [
-        ("agent:ext", task.id, [{"text": "and keep it short"}])
-    ]
+    assert [(i.sender, i.payload) for i in items] == [
+        ("agent:ext", {"request_id": task.id, "key": "a2a:f-1", "message": {
+            "parts": [{"text": "and keep it short"}], "message_id": "f-1", "context_id": "ctx-s"}})
+    ]  # fmt: skip
 
     # A stream follows the task until the agent asks back, an interrupted state: there it closes.
     async def stream_until_asked(client: Client) -> list[pb.StreamResponse]:
@@ -135,7 +136,7 @@ def test_follow_up_question_and_stream_to_input_required(web_server: WebServer, 
     answered = run(url, cast.ext_token, answer)
     question = AgentRequest.objects.get(sender=cast.slow, recipient__name="ext")
     assert question.status == AgentRequest.Status.COMPLETED
-    assert question.reply["parts"] == [{"text": "yes, one page"}]
+    assert question.reply is not None and question.reply["parts"] == [{"text": "yes, one page"}]
     assert answered.status.state == pb.TASK_STATE_SUBMITTED
     assert SteeringItem.objects.filter(recipient=cast.slow, kind=SteeringItem.Kind.MESSAGE).count() == 1
 
