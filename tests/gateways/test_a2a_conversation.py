@@ -217,6 +217,14 @@ def test_blocking_sends_and_streams_count_against_the_wait_cap(redis_url: str, a
         assert not AgentRequest.objects.filter(payload__message_id__startswith="over-cap").exists()
         ext = Collaborator.objects.get(saga=cast.saga, name="ext")
         wait_until(lambda: slots.zcard(f"agora:waits:agent:{ext.pk}") == 0, timeout=30, what="the stream's slot")
+        # A streaming method's error comes as the one event of a stream, as the spec's streams do.
+        unknown = httpx.post(
+            cast.agent_url(server.url, "slow"),
+            json={"jsonrpc": "2.0", "id": 2, "method": "SubscribeToTask", "params": {"id": "req-nothing"}},
+            headers={"Authorization": f"Bearer {cast.ext_token}", "A2A-Version": "1.0"},
+        )
+        assert unknown.headers["content-type"].startswith("text/event-stream")
+        assert unknown.text.startswith("data: ") and '"code":-32001' in unknown.text.replace(" ", "")
         # Free again: a blocking send waits (its deadline is half a second here) and returns the open task.
         again = rpc(server, cast, {"message": {**msg, "messageId": "after"}})
         assert again["result"]["task"]["status"]["state"] == "TASK_STATE_SUBMITTED", again
