@@ -105,7 +105,7 @@ def task_for(caller: Caller, task_id: str) -> AgentRequest:
         .first()
     )
     if request is None:
-        raise TaskNotFoundError(message=f"No task {task_id}.")
+        raise TaskNotFoundError(message=f"Task {task_id} not found.")
     return request
 
 
@@ -181,7 +181,7 @@ def settled(request_id: str, deadline: datetime) -> float:
 
 def cancel(caller: Caller, task_id: str) -> AgentRequest:
     request = task_for(caller, task_id)
-    if not request.is_open and request.status != AgentRequest.Status.CANCELLED:
+    if not request.is_open:  # cancelled included: the spec's not-cancelable error, not the task again
         raise TaskNotCancelableError(message=f"Task {task_id} is already {request.status}.")
     try:
         return actions.cancel_request(request_id=task_id, by=caller.sender.user)
