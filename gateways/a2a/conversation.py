@@ -18,37 +18,40 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import InvalidParamsError, UnsupportedOperationError
 
 from gateways.a2a import mapping
-from sagas import actions
+from sagas import actions, errors
 from sagas.models import AgentRequest, Collaborator
 
 TASK_LINK = "task_id"  # the key of an ask-back's payload that names its task
+TASK_CANCELLED = {"code": "task_cancelled", "message": "The client cancelled the task this question is about."}
+OPEN = AgentRequest.OPEN
 
 
 def questions_for(tasks: Sequence[AgentRequest]) -> dict[str, AgentRequest]:
     """The open question of each open task among these (all of one caller with one agent), by
     task id; the oldest question first, if the agent asked several."""
-    open_tasks = {task.pk for task in tasks if task.is_open}
-    if not open_tasks:
+    wanted = {task.pk for task in tasks if task.is_open}
+    if not wanted:
         return {}
     some = next(task for task in tasks if task.is_open)
-    back = AgentRequest.objects.filter(
-        sender_id=some.recipient_id, recipient_id=some.sender_id, status__in=AgentRequest.OPEN
-    )
+    back = AgentRequest.objects.filter(sender_id=some.recipient_id, recipient_id=some.sender_id, status__in=OPEN)
     asked = list(back.select_related("sender", "recipient").order_by("created_at", "pk"))
     if not asked:
         return {}
-    candidates = list(
-        AgentRequest.objects.filter(
-            sender_id=some.sender_id, recipient_id=some.recipient_id, type=mapping.REQUEST_TYPE,
-            status__in=AgentRequest.OPEN,
-        ).order_by("-created_at", "-pk").values_list("pk", "created_at")
-    )  # fmt: skip
+    candidates = open_tasks(some)
     found: dict[str, AgentRequest] = {}
     for question in asked:
         task_id = task_of_question(question, candidates)
-        if task_id in open_tasks and task_id not in found:
+        if task_id in wanted and task_id not in found:
             found[task_id] = question
     return found
+
+
+def open_tasks(task: AgentRequest) -> list[tuple[str, Any]]:
+    """(id, created_at) of the open tasks between this task's caller and agent, newest first."""
+    tasks = AgentRequest.objects.filter(
+        sender_id=task.sender_id, recipient_id=task.recipient_id, type=mapping.REQUEST_TYPE, status__in=OPEN
+    )
+    return list(tasks.order_by("-created_at", "-pk").values_list("pk", "created_at"))
 
 
 def task_of_question(question: AgentRequest, candidates: list[tuple[str, Any]]) -> str | None:
@@ -61,6 +64,25 @@ def task_of_question(question: AgentRequest, candidates: list[tuple[str, Any]]) 
 
 def question_of(task: AgentRequest) -> AgentRequest | None:
     return questions_for([task]).get(task.pk)
+
+
+def all_questions_of(task: AgentRequest) -> list[AgentRequest]:
+    """Every open question about this open task (question_of gives the oldest)."""
+    if not task.is_open:
+        return []
+    back = AgentRequest.objects.filter(sender_id=task.recipient_id, recipient_id=task.sender_id, status__in=OPEN)
+    candidates = open_tasks(task)
+    return [q for q in back.order_by("created_at", "pk") if task_of_question(q, candidates) == task.pk]
+
+
+def decline_questions(sender: Collaborator, questions: list[AgentRequest]) -> None:
+    """The client cancelled the task: its open questions are answered with an error, so that they
+    neither wait for an answer that will not come nor count against the agent's open requests."""
+    for question in questions:
+        try:
+            actions.reply_to_request(request_id=question.pk, by=sender.user, error=TASK_CANCELLED)
+        except (errors.AlreadyAnswered, errors.RequestClosed, errors.RequestCancelled):
+            continue  # answered or withdrawn meanwhile
 
 
 def continue_task(sender: Collaborator, task: AgentRequest, message: pb.Message) -> AgentRequest:

@@ -183,10 +183,13 @@ def cancel(caller: Caller, task_id: str) -> AgentRequest:
     request = task_for(caller, task_id)
     if not request.is_open:  # cancelled included: the spec's not-cancelable error, not the task again
         raise TaskNotCancelableError(message=f"Task {task_id} is already {request.status}.")
+    questions = conversation.all_questions_of(request)
     try:
-        return actions.cancel_request(request_id=task_id, by=caller.sender.user)
+        cancelled = actions.cancel_request(request_id=task_id, by=caller.sender.user)
     except (errors.AlreadyAnswered, errors.RequestClosed) as exc:  # it ended meanwhile
         raise TaskNotCancelableError(message=exc.detail) from exc
+    conversation.decline_questions(caller.sender, questions)
+    return cancelled
 
 
 def list_tasks(caller: Caller, params: pb.ListTasksRequest) -> pb.ListTasksResponse:

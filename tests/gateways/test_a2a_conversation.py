@@ -83,6 +83,18 @@ def test_agent_asks_back_and_the_answer_finishes_the_task(
     with pytest.raises(UnsupportedOperationError):
         run(url, cast.ext_token, late)
 
+    # Cancelled while the agent waits for an answer: its question is declined, not left open.
+    async def cancel_when_asked(client: Client) -> tuple[pb.Task, pb.Task]:
+        waiting = await send(client, message("never mind", message_id="q-2"))
+        return waiting, await client.cancel_task(pb.CancelTaskRequest(id=waiting.id))
+
+    waiting, cancelled = run(url, cast.ext_token, cancel_when_asked)
+    assert waiting.status.state == pb.TASK_STATE_INPUT_REQUIRED
+    assert cancelled.status.state == pb.TASK_STATE_CANCELED
+    declined = AgentRequest.objects.get(sender=asker, payload__task_id=waiting.id)
+    assert declined.status == AgentRequest.Status.FAILED and declined.error == {
+        "code": "task_cancelled", "message": "The client cancelled the task this question is about."}  # fmt: skip
+
 
 def ask_back(slow: Collaborator, task_id: str, question: str) -> None:
     """`slow` (an external agent, driven by the test through the kernel) asks the caller back."""
