@@ -8,7 +8,8 @@ without it, it is about the caller's newest task with that agent that was open w
 A client's `SendMessage` with the `taskId` of a task that is still open is either the answer to
 the task's question (the kernel's `reply_to_request`, by the caller) or, when the agent asked
 nothing, a follow-up the agent reads at its next turn (`follow_up_request`). A terminal task takes
-no further message (`UnsupportedOperationError`, as the spec says).
+no further message (`UnsupportedOperationError`, as the spec says). Cancelling a task declines
+its open questions.
 """
 
 from collections.abc import Sequence
