@@ -2,7 +2,8 @@
 headers in the conversation and answers with tool calls.
 
 A playbook is JSON: `steps` (tool calls made one per model call, in order), `replies` (the
-payload to reply with per request type, `*` for any) and `on_broadcast` (a teammate's answer to
+payload to reply with per request type, `*` for any), `ask_back` (asks each request's sender a
+question before it replies, and replies with the answer) and `on_broadcast` (a teammate's answer to
 each broadcast it hears: `type` and `payload` of an ask back to the lead). A step may wait
 `after` requests of a type have arrived. Its tool-call ids are derived from the
 conversation, so a model call re-executed after a crash asks for exactly the same effects, which
@@ -81,10 +82,14 @@ def next_move(name: str, messages: list[dict[str, Any]]) -> tuple[str, list[dict
         if message["role"] != "user":
             continue
         for attrs, payload in parse_items(str(message.get("content") or "")):
-            if attrs.get("kind") == "request" and (reply := reply_for(playbook, attrs.get("type", ""), payload)):
+            if attrs.get("kind") == "request" and (question := ask_back(playbook, attrs)):
+                calls.append(question)
+            elif attrs.get("kind") == "request" and (reply := reply_for(playbook, attrs.get("type", ""), payload)):
                 calls.append(
                     call(f"reply-{attrs['request_id']}", "reply", {"request_id": attrs["request_id"], **reply})
                 )
+            if attrs.get("kind") == "response" and (answered := reply_with_answer(playbook, attrs, payload, messages)):
+                calls.append(answered)
             if attrs.get("broadcast_id") and (answer := playbook.get("on_broadcast")):
                 calls.append(answer_broadcast(answer, attrs, payload))
     done = sum(
@@ -120,6 +125,39 @@ def reply_for(playbook: dict[str, Any], type: str, payload: Any) -> dict[str, An
         return {"payload": replies[type]}
     if "*" in replies:
         return {"payload": {"echo": payload} if replies["*"] == "echo" else replies["*"]}
+    return None
+
+
+def ask_back(playbook: dict[str, Any], attrs: dict[str, str]) -> dict[str, Any] | None:
+    """A playbook's `ask_back` (`type`: the request type it applies to, `*` for any; `question`):
+    an `ask_agent` in async mode back to the request's sender, naming the request as `task_id`
+    (how the A2A gateway tells which task the question is about). Async, because a sender that
+    waits on this request would make a `wait` back a cycle, which the kernel refuses."""
+    spec = playbook.get("ask_back")
+    if not spec or spec.get("type", "*") not in ("*", attrs.get("type")):
+        return None
+    body = {"task_id": attrs["request_id"], "question": spec.get("question", "Tell me more?")}
+    args = {"to": attrs["from"], "type": spec.get("ask_type", "question"), "mode": "async", "payload": body}
+    return call(f"ask-{attrs['request_id']}", "ask_agent", args)
+
+
+def reply_with_answer(
+    playbook: dict[str, Any], attrs: dict[str, str], payload: Any, messages: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The answer to an `ask_back` question completes the request it was about, with the answer."""
+    if not playbook.get("ask_back") or attrs.get("status") != "completed":
+        return None
+    for message in messages:  # which request the question was about: the ask's own tool call id
+        call_id = str(message.get("tool_call_id", ""))
+        if message["role"] == "tool" and call_id.startswith("ask-"):
+            try:
+                asked = json.loads(message.get("content") or "{}").get("request_id")
+            except (json.JSONDecodeError, AttributeError):
+                continue
+            if asked == attrs.get("request_id"):
+                request_id = call_id.removeprefix("ask-")
+                answer = {"asked": playbook["ask_back"].get("question", ""), "answer": payload}
+                return call(f"reply-{request_id}", "reply", {"request_id": request_id, "payload": answer})
     return None
 
 

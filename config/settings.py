@@ -347,6 +347,9 @@ AGORA_RUN_TOKENS = "agents.models.tokens_used"
 # The A2A gateway: which exposed agent the host's own /.well-known/agent-card.json describes
 # (`<saga id>/<agent name>`); unset, it is the instance's only exposed agent, if there is one.
 AGORA_A2A_HOST_AGENT = os.environ.get("AGORA_A2A_HOST_AGENT", "")
+# The address clients reach this instance at (scheme and host, such as https://agora.example.com):
+# A2A agent cards name it, and the dashboard links to them with it. Empty: the host of each request.
+AGORA_PUBLIC_URL = os.environ.get("AGORA_PUBLIC_URL", "").rstrip("/")
 # Whether A2A push notifications may go to loopback and private addresses (a local webhook);
 # off in production, where a client could otherwise make the workers call internal services.
 AGORA_A2A_PUSH_PRIVATE_URLS = env_bool("AGORA_A2A_PUSH_PRIVATE_URLS", DEBUG)

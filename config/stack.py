@@ -164,6 +164,8 @@ def healthy(url: str) -> bool:
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    # The demo exposes two A2A agents; the host's own card (where the TCK looks) describes `echo`.
+    os.environ.setdefault("AGORA_A2A_HOST_AGENT", "echo")
     import django
 
     django.setup()

@@ -96,6 +96,12 @@ class Member:
         return next(key for key, _, statuses in ROSTER if self.run.status in statuses)
 
 
+def a2a_card_url(base_url: str, collaborator: Collaborator) -> str:
+    """Where an exposed agent's A2A card is: the gateway's route (gateways/a2a/asgi.py), which the
+    dashboard may not import; tests/sagas/test_exposure_switch.py holds the two together."""
+    return f"{base_url.rstrip('/')}/a2a/{collaborator.saga_id}/{collaborator.name}/.well-known/agent-card.json"
+
+
 @dataclass(frozen=True)
 class Team:
     members: list[Member]

@@ -18,6 +18,7 @@ urlpatterns = [
     path("sagas/<uuid:saga_id>/agents/", views.add_agent, name="add-agent"),
     path("sagas/<uuid:saga_id>/people/", views.add_person, name="add-person"),
     path("sagas/<uuid:saga_id>/agent-token/", views.agent_token, name="agent-token"),
+    path("sagas/<uuid:saga_id>/exposure/", views.agent_exposure, name="exposure"),
     path("sagas/<uuid:saga_id>/artifacts/", artifacts.upload_artifact, name="artifact-upload"),
     path("sagas/<uuid:saga_id>/artifacts/<str:name>", artifacts.download_artifact, name="artifact"),
     path("sagas/<uuid:saga_id>/remote-agents/", remote_agents.allow_remote_agent, name="remote-agent-allow"),

@@ -147,7 +147,10 @@ def render_saga(
 
 def team_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
     team = dashboard.team(saga, request.user)
-    return {"team": team, "roster": team.roster(), "saga": saga, "can_manage": may_manage(request.user, saga)}
+    return {
+        "team": team, "roster": team.roster(), "saga": saga, "can_manage": may_manage(request.user, saga),
+        "public_url": settings.AGORA_PUBLIC_URL or request.build_absolute_uri("/"),
+    }  # fmt: skip
 
 
 def requests_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
@@ -353,6 +356,29 @@ def agent_token(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     except errors.NotFound as exc:
         raise Http404(exc.detail) from exc
     return HttpResponse("invalid_payload: action is rotate or revoke.", status=400, content_type="text/plain")
+
+
+@login_required
+@require_POST
+def agent_exposure(request: HttpRequest, saga_id: UUID) -> HttpResponse:
+    """A manager exposes an agent to A2A clients (it gets an agent card) or withdraws it."""
+    saga = visible_saga(request, saga_id)
+    if not may_manage(request.user, saga):
+        raise PermissionDenied("Only managers of the saga expose its agents.")
+    handle, exposed = request.POST.get("agent", ""), request.POST.get("exposed", "")
+    if exposed not in ("1", "0"):
+        return HttpResponse("invalid_payload: exposed is 1 or 0.", status=400, content_type="text/plain")
+    assert isinstance(request.user, User)
+    try:
+        agent = actions.set_exposed(saga=saga, handle=handle, exposed=exposed == "1", by=request.user)
+    except errors.NotFound as exc:
+        raise Http404(exc.detail) from exc
+    if agent.exposed:
+        card = dashboard.a2a_card_url(settings.AGORA_PUBLIC_URL or request.build_absolute_uri("/"), agent)
+        messages.success(request, f"{agent.handle} is exposed to A2A clients; its card: {card}")
+    else:
+        messages.success(request, f"{agent.handle} is no longer exposed: its card and endpoint answer 404.")
+    return redirect(saga_url(saga, "team"))
 
 
 @login_required

@@ -108,13 +108,15 @@ def release_connections() -> None:
 
 
 class Doorbell:
-    """A Redis subscription to one wake-up channel; without Redis it degrades to plain re-checks.
+    """A Redis subscription to wake-up channels (any of them rings it); without Redis it degrades
+    to plain re-checks.
 
     One connection per waiting call keeps it simple and isolated; Redis handles many thousands.
     """
 
-    def __init__(self, channel: str) -> None:
-        self.channel = channel
+    def __init__(self, *channels: str) -> None:
+        self.channels = channels
+        self.channel = ", ".join(channels)
         self.client: aioredis.Redis | None = None
         self.pubsub: Any = None
 
@@ -122,11 +124,23 @@ class Doorbell:
         try:
             self.client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)
             self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            await self.pubsub.subscribe(self.channel)
+            await self.pubsub.subscribe(*self.channels)
         except (RedisError, OSError) as exc:
             logger.warning("cannot subscribe to %s, polling the database instead: %s", self.channel, exc)
             self.pubsub = None
         return self
+
+    async def listen(self, *channels: str) -> None:
+        """Subscribe to more channels too (a wait that learns what to listen for from its first write)."""
+        self.channels = (*self.channels, *channels)
+        self.channel = ", ".join(self.channels)
+        if self.pubsub is None:
+            return
+        try:
+            await self.pubsub.subscribe(*channels)
+        except (RedisError, OSError) as exc:
+            logger.warning("cannot subscribe to %s, polling the database instead: %s", self.channel, exc)
+            self.pubsub = None
 
     async def ring_or_timeout(self, timeout: float) -> None:
         """Return when the channel rings or after timeout seconds, whichever comes first."""

@@ -26,16 +26,21 @@ def exposed_agent(saga_id: Any, name: str) -> Collaborator | None:
 
 def host_agent() -> Collaborator | None:
     """The agent whose card the host's own well-known path serves, where clients (and the TCK)
-    look first: the one AGORA_A2A_HOST_AGENT names (`<saga id>/<agent name>`), else the
-    instance's only exposed agent, if it has exactly one."""
+    look first: the one AGORA_A2A_HOST_AGENT names (`<saga id>/<agent name>`, or an agent name
+    alone, which one exposed agent of the instance must bear), else the instance's only exposed
+    agent, if it has exactly one."""
+    exposed = Collaborator.objects.filter(kind=Collaborator.Kind.AGENT, exposed=True).select_related("saga")
     if named := settings.AGORA_A2A_HOST_AGENT:
-        saga_id, _, name = named.partition("/")
-        try:
-            return exposed_agent(uuid.UUID(saga_id), name)
-        except ValueError:
-            return None
-    exposed = list(Collaborator.objects.filter(kind=Collaborator.Kind.AGENT, exposed=True).select_related("saga")[:2])
-    return exposed[0] if len(exposed) == 1 else None
+        saga_id, _, name = named.rpartition("/")
+        if not saga_id:
+            exposed = exposed.filter(name=name)
+        else:
+            try:
+                return exposed_agent(uuid.UUID(saga_id), name)
+            except ValueError:
+                return None
+    candidates = list(exposed[:2])
+    return candidates[0] if len(candidates) == 1 else None
 
 
 def card_dict(agent: Collaborator, *, base_url: str) -> dict[str, Any]:

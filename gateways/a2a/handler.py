@@ -14,9 +14,10 @@ from the database and any web process can answer for any task.
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import anyio
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event
 from a2a.server.request_handlers.request_handler import RequestHandler
@@ -24,6 +25,7 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import (
     A2AError,
     ExtendedAgentCardNotConfiguredError,
+    InternalError,
     InvalidParamsError,
     InvalidRequestError,
     TaskNotCancelableError,
@@ -31,15 +33,15 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.utils import timezone
 
-from gateways.a2a import mapping, push
-from gateways.a2a.mapping import TERMINAL, task_of
-from journal.models import JournalEvent
+from gateways.a2a import conversation, mapping, push
+from gateways.a2a.mapping import SETTLED, TERMINAL, task_of
 from sagas import actions, errors
 from sagas.models import AgentRequest, Collaborator
-from sagas.waits import Doorbell, release_connections
-from sagas.wakeups import request_channel
+from sagas.waits import Doorbell, WaitSlot, hold_wait, release_connections
+from sagas.wakeups import request_channel, steering_channel
 
 T = TypeVar("T")
 CALLER = "agora.caller"
@@ -82,6 +84,10 @@ def protocol_error(exc: errors.KernelError) -> A2AError:
     data = {"code": exc.code, **{k: v for k, v in exc.extra.items() if k != "errors"}}
     if isinstance(exc, errors.NotFound):
         return TaskNotFoundError(message=exc.detail, data=data)
+    if isinstance(exc, errors.TooManyWaits):
+        # The spec's class for a server that refuses for lack of capacity (rate limits included) is
+        # the system error, -32603; the data's code says which limit, so a client may retry later.
+        return InternalError(message=exc.detail, data=data)
     if isinstance(exc, errors.InvalidPayload | errors.PayloadTooLarge | errors.IdempotencyConflict):
         return InvalidParamsError(message=exc.detail, data=data)
     # The kernel's refusals (not addressable, hop limit, too many pending, deadlock, unavailable…)
@@ -99,7 +105,7 @@ def task_for(caller: Caller, task_id: str) -> AgentRequest:
         .first()
     )
     if request is None:
-        raise TaskNotFoundError(message=f"No task {task_id}.")
+        raise TaskNotFoundError(message=f"Task {task_id} not found.")
     return request
 
 
@@ -110,13 +116,10 @@ def default_context_id(caller: Caller, message_id: str) -> str:
 
 def send(caller: Caller, params: pb.SendMessageRequest, *, mode: str) -> AgentRequest:
     message = params.message
-    if message.task_id:
-        earlier = task_for(caller, message.task_id)
-        if mapping.state_of(earlier) in TERMINAL:
-            raise UnsupportedOperationError(message=f"Task {earlier.pk} is {earlier.status}; start a new task.")
-        raise UnsupportedOperationError(message="A task takes one message; send a new one without taskId.")
     if message.role == pb.ROLE_AGENT:
         raise InvalidParamsError(message="A client's message has the user role.")
+    if message.task_id:  # a further message to a task: an answer to the agent, or a follow-up
+        return conversation.continue_task(caller.sender, task_for(caller, message.task_id), message)
     context_id = message.context_id or default_context_id(caller, message.message_id)
     payload = mapping.payload_of(message, context_id=context_id)
     request, _ = actions.ask_agent(
@@ -132,27 +135,61 @@ def reload(request_id: str) -> AgentRequest:
     return AgentRequest.objects.select_related("sender", "recipient").get(pk=request_id)
 
 
-def settled(request_id: str) -> float:
-    """One look at a blocking send: 0 when it is over (the request ended, or the sender's wait did),
-    else how long the wait may still last."""
-    request = AgentRequest.objects.get(pk=request_id)
-    if not request.is_open:
-        return 0
+@dataclass(frozen=True)
+class Snapshot:
+    """A task as it stands: its request and the agent's open question about it, if any."""
+
+    request: AgentRequest
+    question: AgentRequest | None
+
+    @property
+    def state(self) -> int:
+        return mapping.state_of(self.request, self.question)
+
+    def task(self, *, history_length: int | None = None) -> pb.Task:
+        return task_of(self.request, question=self.question, history_length=history_length)
+
+
+def snapshot(request_id: str) -> Snapshot:
+    request = reload(request_id)
+    return Snapshot(request, conversation.question_of(request))
+
+
+def as_sent(request: AgentRequest) -> Snapshot:
+    return Snapshot(request, conversation.question_of(request))
+
+
+def wait_deadline(request: AgentRequest) -> datetime:
+    """Until when a blocking send waits: the request's own wait, or (for a further message to a
+    task, whose request was sent earlier) the default wait from now."""
+    if request.wait_deadline is not None:
+        return request.wait_deadline
+    return timezone.now() + timedelta(seconds=min(settings.AGORA_DEFAULT_WAIT_S, settings.AGORA_MAX_WAIT_S))
+
+
+def settled(request_id: str, deadline: datetime) -> float:
+    """One look at a blocking send: 0 when it is over (the task ended, the agent asked back, or
+    the wait's deadline passed), else how long the wait may still last."""
     now = timezone.now()
-    if request.wait_deadline is not None and request.wait_deadline > now:
-        return (request.wait_deadline - now).total_seconds()
-    actions.end_wait(request_id=request_id)  # the task goes on; the caller polls or subscribes
+    view = snapshot(request_id)
+    if view.state not in SETTLED and deadline > now:
+        return (deadline - now).total_seconds()
+    if view.request.is_open:  # the task goes on; the caller answers, polls or subscribes
+        actions.end_wait(request_id=request_id)
     return 0
 
 
 def cancel(caller: Caller, task_id: str) -> AgentRequest:
     request = task_for(caller, task_id)
-    if not request.is_open and request.status != AgentRequest.Status.CANCELLED:
+    if not request.is_open:  # cancelled included: the spec's not-cancelable error, not the task again
         raise TaskNotCancelableError(message=f"Task {task_id} is already {request.status}.")
+    questions = conversation.all_questions_of(request)
     try:
-        return actions.cancel_request(request_id=task_id, by=caller.sender.user)
+        cancelled = actions.cancel_request(request_id=task_id, by=caller.sender.user)
     except (errors.AlreadyAnswered, errors.RequestClosed) as exc:  # it ended meanwhile
         raise TaskNotCancelableError(message=exc.detail) from exc
+    conversation.decline_questions(caller.sender, questions)
+    return cancelled
 
 
 def list_tasks(caller: Caller, params: pb.ListTasksRequest) -> pb.ListTasksResponse:
@@ -179,23 +216,20 @@ def list_tasks(caller: Caller, params: pb.ListTasksRequest) -> pb.ListTasksRespo
     newest_first = requests.select_related("sender", "recipient").order_by("-updated_at", "-pk")
     page = list(newest_first[offset : offset + page_size])
     history = params.history_length if params.HasField("history_length") else None
-    tasks = [task_of(r, history_length=history, artifacts=params.include_artifacts) for r in page]
+    questions = conversation.questions_for(page)
+    tasks = [
+        task_of(r, question=questions.get(r.pk), history_length=history, artifacts=params.include_artifacts)
+        for r in page
+    ]
     more = offset + len(page) < total
     return pb.ListTasksResponse(
         tasks=tasks, page_size=len(tasks), total_size=total, next_page_token=str(offset + len(page)) if more else ""
     )
 
 
-def journal_cursor(saga_id: Any) -> int:
-    return JournalEvent.objects.filter(saga_id=saga_id).order_by("-seq").values_list("seq", flat=True).first() or 0
-
-
-def request_events_after(request: AgentRequest, after: int) -> list[tuple[int, str]]:
-    """The journal's events about this request after the cursor: (seq, type)."""
-    events = JournalEvent.objects.for_saga(request.saga_id, after=after).filter(
-        type__startswith="request.", data__request_id=request.pk
-    )
-    return list(events.values_list("seq", "type"))
+def get(caller: Caller, task_id: str) -> Snapshot:
+    request = task_for(caller, task_id)
+    return Snapshot(request, conversation.question_of(request))
 
 
 # --- the handler ----------------------------------------------------------------------------------
@@ -209,25 +243,44 @@ def history_length(params: Any) -> int | None:
     return int(params.history_length)
 
 
+async def release(slot: WaitSlot | None) -> None:
+    """Give the wait's slot back, even from a stream the client hung up on: the server cancels
+    that stream's task, and a cancelled scope would cancel this await too."""
+    if slot is not None:
+        with anyio.CancelScope(shield=True):
+            await sync_to_async(slot.release)()
+
+
 class KernelRequestHandler(RequestHandler):
+    """Blocking sends and streams each hold one of the HTTP waits an agent and a saga may have in
+    progress (`sagas.waits.hold_wait`), as the REST API's do, taken before anything is written."""
+
     async def on_message_send(self, params: pb.SendMessageRequest, context: ServerCallContext) -> pb.Task:
         caller = caller_of(context)
         blocking = not params.configuration.return_immediately
         mode = AgentRequest.Mode.WAIT if blocking else AgentRequest.Mode.ASYNC
         history = history_length(params.configuration)
-        request = await in_thread(send, caller, params, mode=mode)
-        if blocking and request.is_open:
-            # Subscribe first, then read: a reply committed between the two still rings or is read.
-            async with Doorbell(request_channel(request.pk)) as bell:
-                while remaining := await in_thread(settled, request.pk):
-                    await bell.ring_or_timeout(max(0.01, min(RECHECK_S, remaining)))
-            request = await in_thread(reload, request.pk)
-        return task_of(request, history_length=history)
+        slot = await in_thread(hold_wait, caller.sender) if blocking else None
+        try:
+            # Subscribe first, then write and read: whatever is committed after still rings or is read.
+            channels = (steering_channel(caller.sender.pk),)  # where the agent's questions ring
+            async with Doorbell(*channels) as bell:
+                request = await in_thread(send, caller, params, mode=mode)
+                if blocking:
+                    await bell.listen(request_channel(request.pk))
+                    deadline = wait_deadline(request)
+                    while remaining := await in_thread(settled, request.pk, deadline):
+                        await bell.ring_or_timeout(max(0.01, min(RECHECK_S, remaining)))
+        finally:
+            await release(slot)
+        # Returning at once: the task as the send left it (a fast agent may have finished since).
+        view = await in_thread(snapshot, request.pk) if blocking else await in_thread(as_sent, request)
+        return view.task(history_length=history)
 
     async def on_get_task(self, params: pb.GetTaskRequest, context: ServerCallContext) -> pb.Task | None:
         history = history_length(params)
-        request = await in_thread(task_for, caller_of(context), params.id)
-        return task_of(request, history_length=history)
+        view = await in_thread(get, caller_of(context), params.id)
+        return view.task(history_length=history)
 
     async def on_list_tasks(self, params: pb.ListTasksRequest, context: ServerCallContext) -> pb.ListTasksResponse:
         return await in_thread(list_tasks, caller_of(context), params)
@@ -241,18 +294,27 @@ class KernelRequestHandler(RequestHandler):
     ) -> AsyncGenerator[Event]:
         caller = caller_of(context)
         history = history_length(params.configuration)
-        request = await in_thread(send, caller, params, mode=AgentRequest.Mode.ASYNC)
-        async for event in follow(request.pk, history_length=history):
-            yield event
+        slot = await in_thread(hold_wait, caller.sender)
+        try:
+            request = await in_thread(send, caller, params, mode=AgentRequest.Mode.ASYNC)
+            async for event in follow(caller, request.pk, history_length=history):
+                yield event
+        finally:
+            await release(slot)
 
     async def on_subscribe_to_task(
         self, params: pb.SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event]:
-        request = await in_thread(task_for, caller_of(context), params.id)
+        caller = caller_of(context)
+        request = await in_thread(task_for, caller, params.id)
         if mapping.state_of(request) in TERMINAL:
             raise UnsupportedOperationError(message=f"Task {request.pk} is {request.status}: nothing more will come.")
-        async for event in follow(request.pk):
-            yield event
+        slot = await in_thread(hold_wait, caller.sender)
+        try:
+            async for event in follow(caller, request.pk):
+                yield event
+        finally:
+            await release(slot)
 
     async def on_create_task_push_notification_config(
         self, params: pb.TaskPushNotificationConfig, context: ServerCallContext
@@ -288,30 +350,24 @@ class KernelRequestHandler(RequestHandler):
         raise ExtendedAgentCardNotConfiguredError
 
 
-async def follow(request_id: str, *, history_length: int | None = None) -> AsyncGenerator[Event]:
-    """A task's events as the journal records them: the task as it stands, then a status update
-    for each step (working when the agent takes it up), the reply as an artifact, the final status.
+async def follow(caller: Caller, request_id: str, *, history_length: int | None = None) -> AsyncGenerator[Event]:
+    """A task's events: the task as it stands, then a status update for each change of state
+    (working when the agent takes it up, input-required when it asks back), the reply as an
+    artifact, the final status. It closes at a terminal or interrupted state, as the spec says.
 
     It subscribes before it reads, so nothing committed in between is missed; a client that drops
-    and subscribes again gets the task as it stands and then the same events from there on.
+    and subscribes again gets the task as it stands and then the changes from there on.
     """
-    async with Doorbell(request_channel(request_id)) as bell:
-        request = await in_thread(reload, request_id)
-        cursor = await in_thread(journal_cursor, request.saga_id)
-        request = await in_thread(reload, request_id)  # after the cursor: an event in between shows twice, never zero
-        yield task_of(request, history_length=history_length)
-        state = mapping.state_of(request)
-        while state not in TERMINAL:
+    async with Doorbell(request_channel(request_id), steering_channel(caller.sender.pk)) as bell:
+        view = await in_thread(snapshot, request_id)
+        yield view.task(history_length=history_length)
+        state = view.state
+        while state not in SETTLED:
             await bell.ring_or_timeout(FOLLOW_RECHECK_S)
-            events = await in_thread(request_events_after, request, cursor)
-            if not events:
+            view = await in_thread(snapshot, request_id)
+            if view.state == state:
                 continue
-            cursor = events[-1][0]
-            request = await in_thread(reload, request_id)
-            new_state = mapping.state_of(request)
-            if new_state == state:
-                continue
-            state = new_state
-            if request.status == AgentRequest.Status.COMPLETED:
-                yield mapping.artifact_event(request)
-            yield mapping.status_event(request)
+            state = view.state
+            if view.request.status == AgentRequest.Status.COMPLETED:
+                yield mapping.artifact_event(view.request)
+            yield mapping.status_event(view.request, view.question)

@@ -28,6 +28,8 @@ STATES: dict[str, int] = {
 # A request the recipient turned down with this error code is a rejected task, not a failed one.
 REFUSED = "refused"
 TERMINAL = frozenset({pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED, pb.TASK_STATE_CANCELED, pb.TASK_STATE_REJECTED})
+# Where a blocking send returns and a stream closes (the spec's terminal and interrupted states).
+SETTLED = TERMINAL | {pb.TASK_STATE_INPUT_REQUIRED}
 
 # The request statuses a `status` filter of ListTasks stands for.
 STATUSES_OF_STATE: dict[int, list[str]] = {}
@@ -50,7 +52,11 @@ def payload_of(message: pb.Message, *, context_id: str) -> dict[str, Any]:
     return {"parts": parts, "message_id": message.message_id, "context_id": context_id}
 
 
-def state_of(request: AgentRequest) -> int:
+def state_of(request: AgentRequest, question: AgentRequest | None = None) -> int:
+    """The task's state; `question` is the agent's open request back to the caller about this task
+    (`gateways.a2a.conversation`), which makes an open task input-required."""
+    if question is not None and request.is_open:
+        return pb.TASK_STATE_INPUT_REQUIRED
     if request.status == Status.FAILED and (request.error or {}).get("code") == REFUSED:
         return pb.TASK_STATE_REJECTED
     return STATES[request.status]
@@ -81,8 +87,27 @@ def context_of(request: AgentRequest) -> str:
     return str(payload.get("context_id", ""))
 
 
-def status_message(request: AgentRequest) -> dict[str, Any] | None:
-    """Why a task ended without a reply, as an agent message."""
+def question_message(request: AgentRequest, question: AgentRequest) -> dict[str, Any]:
+    """The agent's question, as the agent message of an input-required status."""
+    payload = question.payload
+    if isinstance(payload, dict) and "task_id" in payload and "parts" not in payload:
+        payload = {k: v for k, v in payload.items() if k != "task_id"}  # the link, not the question
+        if list(payload) == ["question"]:
+            payload = payload["question"]
+    return {
+        "messageId": question.pk,
+        "contextId": context_of(request),
+        "taskId": request.pk,
+        "role": "ROLE_AGENT",
+        "parts": reply_parts(payload),
+        "metadata": {"request_id": question.pk, "type": question.type},
+    }
+
+
+def status_message(request: AgentRequest, question: AgentRequest | None = None) -> dict[str, Any] | None:
+    """The agent's question, or why a task ended without a reply, as an agent message."""
+    if question is not None and request.is_open:
+        return question_message(request, question)
     if request.status == Status.COMPLETED or request.is_open:
         return None
     error = request.error or {}
@@ -97,10 +122,11 @@ def status_message(request: AgentRequest) -> dict[str, Any] | None:
     }
 
 
-def status_of(request: AgentRequest) -> dict[str, Any]:
-    state = pb.TaskState.Name(state_of(request))
-    status: dict[str, Any] = {"state": state, "timestamp": request.updated_at.isoformat()}
-    if (message := status_message(request)) is not None:
+def status_of(request: AgentRequest, question: AgentRequest | None = None) -> dict[str, Any]:
+    state = pb.TaskState.Name(state_of(request, question))
+    changed = max(request.updated_at, question.created_at) if question is not None else request.updated_at
+    status: dict[str, Any] = {"state": state, "timestamp": changed.isoformat()}
+    if (message := status_message(request, question)) is not None:
         status["message"] = message
     return status
 
@@ -109,7 +135,13 @@ def artifact_of(request: AgentRequest) -> dict[str, Any]:
     return {"artifactId": f"{request.pk}-reply", "name": "reply", "parts": reply_parts(request.reply)}
 
 
-def task_of(request: AgentRequest, *, history_length: int | None = None, artifacts: bool = True) -> pb.Task:
+def task_of(
+    request: AgentRequest,
+    *,
+    question: AgentRequest | None = None,
+    history_length: int | None = None,
+    artifacts: bool = True,
+) -> pb.Task:
     """The task a request is, for its sender."""
     history = [user_message(request)]
     if history_length is not None:
@@ -117,7 +149,7 @@ def task_of(request: AgentRequest, *, history_length: int | None = None, artifac
     body: dict[str, Any] = {
         "id": request.pk,
         "contextId": context_of(request),
-        "status": status_of(request),
+        "status": status_of(request, question),
         "history": history,
     }
     if artifacts and request.status == Status.COMPLETED:
@@ -125,9 +157,9 @@ def task_of(request: AgentRequest, *, history_length: int | None = None, artifac
     return ParseDict(body, pb.Task())
 
 
-def status_event(request: AgentRequest) -> pb.TaskStatusUpdateEvent:
+def status_event(request: AgentRequest, question: AgentRequest | None = None) -> pb.TaskStatusUpdateEvent:
     return ParseDict(
-        {"taskId": request.pk, "contextId": context_of(request), "status": status_of(request)},
+        {"taskId": request.pk, "contextId": context_of(request), "status": status_of(request, question)},
         pb.TaskStatusUpdateEvent(),
     )
 

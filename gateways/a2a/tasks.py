@@ -10,7 +10,7 @@ from celery import shared_task
 from django.conf import settings
 from google.protobuf.json_format import MessageToDict
 
-from gateways.a2a import mapping, outbound, push
+from gateways.a2a import conversation, mapping, outbound, push
 from gateways.a2a.models import PushConfig
 from sagas.wakeups import REMOTE_CALL_TASK
 
@@ -23,13 +23,14 @@ def push_task(config_pk: int, quiet: int = 0) -> None:
     if config is None:
         return  # deleted, or its task is gone
     request = config.request
-    state = pb.TaskState.Name(mapping.state_of(request))
+    question = conversation.question_of(request)
+    state = pb.TaskState.Name(mapping.state_of(request, question))
     final = mapping.state_of(request) in mapping.TERMINAL
     if state == config.pushed_state:
         if not final:  # nothing new yet: look again, less often the longer it stays so
             push_task_later(config_pk, quiet + 1)
         return
-    error = deliver(config, mapping.task_of(request))
+    error = deliver(config, mapping.task_of(request, question=question))
     if error is None:
         push.record_pushed(config_pk, seen=config.pushed_state, state=state)
         if not final:

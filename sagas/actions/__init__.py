@@ -4,6 +4,7 @@ it in the same transaction, and rings doorbells only after commit. Callers impor
 from sagas.actions.artifacts import add_artifact
 from sagas.actions.collaborators import add_agent, add_human, find_collaborator
 from sagas.actions.exposure import set_exposed
+from sagas.actions.followups import follow_up_request
 from sagas.actions.human_forms import answer_human_request, ask_human, visible_human_request
 from sagas.actions.lifecycle import create_saga, finish_saga
 from sagas.actions.locking import saga_transaction
@@ -87,6 +88,8 @@ __all__ = [
     "find_teammate",
     "finish_run",
     "finish_saga",
+
+    "follow_up_request",
     "get_request_for",
     "idle_teammate_ids",
     "lead_inbox",

@@ -10,6 +10,7 @@ from django.utils.safestring import SafeString
 
 from journal.models import JournalEvent
 from sagas import dashboard
+from sagas.models import Collaborator
 
 register = template.Library()
 
@@ -19,6 +20,11 @@ def badge(status: str, label: str = "") -> SafeString:
     """A status pill; its colour comes from the status name (see agora.css, `.badge-<status>`)."""
     text = label or str(status).replace("_", " ")
     return format_html('<span class="badge badge-{}"><i></i>{}</span>', str(status), text)
+
+
+@register.filter
+def a2a_card(collaborator: Collaborator, base_url: str) -> str:
+    return dashboard.a2a_card_url(base_url, collaborator)
 
 
 @register.filter

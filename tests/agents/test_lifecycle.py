@@ -152,6 +152,7 @@ def test_the_demo_saga_plays_out_with_the_scripted_agents(worker: CeleryWorker, 
     assert {"worker_start", "llm_call", "request.created", "request.completed", "human_request.created"} <= types
 
     call_command("seed_demo")  # a second `make run` adds nothing
-    assert Saga.objects.filter(owner=demo).count() == 2  # this one and "Demo: A2A", with its exposed echo agent
+    assert Saga.objects.filter(owner=demo).count() == 2  # this one and "Demo: A2A", with its exposed agents
     assert Prompt.objects.count() == 1
-    assert Collaborator.objects.get(saga__title=A2A_TITLE, name="echo").exposed
+    a2a = Collaborator.objects.filter(saga__title=A2A_TITLE, kind="agent", exposed=True)
+    assert sorted(a2a.values_list("name", "profile")) == [("asker", "asker"), ("echo", "responder")]

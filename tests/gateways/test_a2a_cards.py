@@ -3,6 +3,7 @@
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,3 +82,18 @@ def test_calls_need_a_token_of_the_saga(web_server: WebServer, cast: Cast, alice
     assert task.status.state == pb.TASK_STATE_SUBMITTED
     with pytest.raises(A2AClientError):
         run(url, "not-a-token", lambda client: send(client, message("ping"), return_immediately=True))
+
+
+def test_the_hosts_card_and_the_public_address(redis_url: str, artifacts: Path, cast: Cast) -> None:
+    """AGORA_A2A_HOST_AGENT may name an agent alone; AGORA_PUBLIC_URL is the address cards give."""
+    env = {"AGORA_A2A_HOST_AGENT": "responder", "AGORA_PUBLIC_URL": "https://agora.example.com/"}
+    server = WebServer(redis_url, artifacts, env=env)
+    try:
+        status, _, card = get(f"{server.url}/.well-known/agent-card.json")
+        status_slow, _, slow = get(cast.agent_url(server.url, "slow") + ".well-known/agent-card.json")
+    finally:
+        server.stop()
+    assert status == status_slow == 200
+    assert card["name"] == "responder"
+    assert card["supportedInterfaces"][0]["url"] == cast.agent_url("https://agora.example.com", "responder")
+    assert slow["url"] == cast.agent_url("https://agora.example.com", "slow")  # the 0.3 field too

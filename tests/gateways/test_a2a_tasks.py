@@ -73,6 +73,8 @@ def test_send_blocking_and_not_get_list_and_cancel(
     async def cancel(client: Client) -> tuple[pb.Task, pb.Task, pb.Task]:
         pending = await send(client, message("take your time"), return_immediately=True)
         cancelled = await client.cancel_task(pb.CancelTaskRequest(id=pending.id))
+        with pytest.raises(TaskNotCancelableError):  # a cancelled task is terminal too, says the spec
+            await client.cancel_task(pb.CancelTaskRequest(id=pending.id))
         return pending, cancelled, await client.get_task(pb.GetTaskRequest(id=pending.id))
 
     pending, cancelled, got = run(slow, cast.ext_token, cancel)

@@ -112,6 +112,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("sagas:answer", "POST"): "login 404 login login 404",
     ("sagas:create", "POST"): "login 400 login login 400",
     ("sagas:detail", "GET"): "login 404 login login 200",
+    ("sagas:exposure", "POST"): "login 404 login login 403",
     ("sagas:finish", "POST"): "login 404 login login 403",
     ("sagas:journal", "GET"): "login 404 login login 400",
     ("sagas:list", "GET"): "login 200 login login 200",

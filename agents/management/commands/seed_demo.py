@@ -9,7 +9,7 @@ from django.db import transaction
 
 from accounts.models import User
 from agents.orchestrator.actions import submit_prompt
-from sagas.actions import add_agent, create_saga, set_exposed
+from sagas.actions import add_agent, create_saga, find_collaborator, set_exposed
 from sagas.models import Saga
 
 DEMO_TITLE = "Demo: API v2 migration"
@@ -48,8 +48,9 @@ class Command(BaseCommand):
         self.stdout.write(f"Demo saga {saga.pk} created.")
 
     def seed_a2a(self, owner: User) -> None:
-        """A saga with one scripted agent exposed over A2A, and the token of an external agent of
-        that saga for A2A clients (kept in the data dir: a token is shown only once)."""
+        """A saga with two scripted agents exposed over A2A (`echo` replies with what it was sent,
+        `asker` asks what it is for first: an input-required task), and the token of an external
+        agent of that saga for A2A clients (kept in the data dir: a token is shown only once)."""
         token_path = settings.DATA_DIR / "a2a_demo_token"
         saga = Saga.objects.filter(title=A2A_TITLE, owner=owner).first()
         if saga is None or not token_path.exists():
@@ -62,7 +63,13 @@ class Command(BaseCommand):
                                      runtime="external", by=owner)  # fmt: skip
             token_path.write_text(f"{token}\n")
             token_path.chmod(0o600)
+        if find_collaborator(saga, "agent:asker") is None:  # sagas seeded before it joined get it too
+            with transaction.atomic():
+                add_agent(saga=saga, name="asker", role="Asker", task="Ask what it is for, then answer.",
+                          runtime="internal", profile="asker", resumable=True, by=owner)  # fmt: skip
+                set_exposed(saga=saga, handle="agent:asker", exposed=True, by=owner)
         base = f"http://{os.environ.get('WEB_HOST', '127.0.0.1')}:{os.environ.get('WEB_PORT', '8000')}"
         self.stdout.write(
             f"A2A agent: {base}/a2a/{saga.pk}/echo/ (card at .well-known/agent-card.json), token in {token_path}"
         )
+        self.stdout.write(f"A2A agent that asks back first: {base}/a2a/{saga.pk}/asker/")
