@@ -88,7 +88,6 @@ __all__ = [
     "find_teammate",
     "finish_run",
     "finish_saga",
-
     "follow_up_request",
     "get_request_for",
     "idle_teammate_ids",
