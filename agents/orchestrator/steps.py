@@ -25,8 +25,9 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from agents import references
 from agents.hooks import Event, PreparedPrompt, hook_key, prepare_prompt, run_hooks
-from agents.hooks.lifecycle import CONTEXT_HEADING
+from agents.hooks.lifecycle import CONTEXT_HEADING, FEEDBACK_HEADING
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator import handoffs, plans, router
@@ -40,7 +41,6 @@ Step = Prompt.Step
 
 SUPPORT_EXPECTED = "A WorkerResult JSON object: progress, summary, artifacts, risks, next_questions."
 REVIEW_EXPECTED = "A review JSON object: decision, confidence, findings, required_changes, blocking_issues."
-FEEDBACK_HEADING = "--- Feedback from hooks ---"
 
 
 def advance(prompt_id: str) -> None:
@@ -110,11 +110,15 @@ def workers(prompt: Prompt) -> bool:
         if outcome is None:
             return False
         done.append((worker, outcome))
+
+    def resolve(names: list[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        return references.resolve_artifacts(saga=prompt.saga, names=names)
+
     results = [
         handoffs.executed(
             handoffs.failed_worker_result(support_handoff(prompt, w), o.error)
             if o.failed
-            else handoffs.normalize_worker_result(o.output, support_handoff(prompt, w)),
+            else handoffs.normalize_worker_result(o.output, support_handoff(prompt, w), resolve=resolve),
             role=w["role"],
             goal=w["goal"],
             error=o.error,
