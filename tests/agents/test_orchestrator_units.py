@@ -149,8 +149,9 @@ def test_the_expected_json_is_normalized_with_the_handoff_ids() -> None:
 
 def known_artifacts(names: list[str]) -> tuple[dict[str, dict[str, object]], list[str]]:
     """A saga holding spec.md only (the real resolver is tested in test_references)."""
-    refs = {"spec.md": {"kind": "artifact", "uri": "/api/v1/sagas/s1/artifacts/spec.md", "label": "spec.md",
-                        "name": "spec.md"}}  # fmt: skip
+    spec: dict[str, object] = {"kind": "artifact", "uri": "/api/v1/sagas/s1/artifacts/spec.md", "label": "spec.md"}
+    spec["name"] = "spec.md"
+    refs: dict[str, dict[str, object]] = {"spec.md": spec}
     return {n: refs[n] for n in names if n in refs}, [n for n in names if n not in refs]
 
 
