@@ -148,6 +148,8 @@ def check_new_agent(agent: NewAgent) -> None:
 
 def resolve_parent(saga: Saga, parent: str | None, *, by: User, acting: Collaborator | None) -> Collaborator:
     """The delegator of a new agent: the named parent, or (for managers) the saga's owner."""
+    if acting is not None and acting.is_agent and parent == acting.handle:
+        return acting  # an agent's own delegate, whether it manages the saga or not: no permission to read
     if not may_manage(by, saga):
         if acting is None or not acting.is_agent:
             raise errors.Forbidden("Only managers of the saga add collaborators.")
