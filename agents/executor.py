@@ -24,7 +24,7 @@ from django.utils import timezone
 from agents import scripted
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
-from agents.orchestrator.tasks import is_brain_worker, worker_rested
+from agents.orchestrator.tasks import advance_after, is_brain_worker
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
 from config import metrics
@@ -98,11 +98,12 @@ def run_turn(run_id: str, *, worker: str = "") -> None:
         return  # a redelivered doorbell, or another worker holds the run
     turns = Turns(run, worker=worker)
     heartbeat().add(turns)
+    here: list[str] = []
     try:
         turns.execute()
         keep_transcript(turns.transcript)
         if is_brain_worker(turns.collaborator.name):  # its orchestration may be ready to move on
-            ring_orchestrator(turns.saga_id, turns.collaborator.name)
+            here = ring_orchestrator(turns.saga_id, turns.collaborator.name)
     except LostTurn:
         logger.info("run %s: turn %s is another worker's; stopping", run.pk, turns.turn)
     finally:
@@ -110,6 +111,8 @@ def run_turn(run_id: str, *, worker: str = "") -> None:
         turns.mcp.release(still_active=turns.still_active)
         if connection.errors_occurred:  # the next task starts on a fresh connection
             connection.close()
+    for next_run in here:  # the orchestration's next worker (the primary, the reviewer): in this task
+        run_turn(next_run, worker=worker)
 
 
 class Turns:
@@ -481,12 +484,13 @@ def profile(name: str) -> AgentProfile | None:
 _PROFILE_SQL = f"SELECT {columns(AgentProfile, 'p')} FROM {AgentProfile._meta.db_table} p WHERE p.name = %s"
 
 
-def ring_orchestrator(saga_id: Any, name: str) -> None:
+def ring_orchestrator(saga_id: Any, name: str) -> list[str]:
     """A worker of a prompt rested: its orchestration may be ready for the next step. Advanced here,
-    after this run's last commit, rather than by one more task: one doorbell hop less between the
+    after this run's last commit, rather than by one more task; and the run that step starts (the
+    primary, the reviewer) is returned to run in this task too: two doorbell hops less between the
     last worker's answer and the primary's first turn. A failure here loses nothing (the periodic
-    resume rings every running prompt)."""
-    worker_rested(str(saga_id), name)
+    resume rings every running prompt, the reconciler every queued run)."""
+    return advance_after(str(saga_id), name)
 
 
 def tool_message(call_id: str, result: dict[str, Any]) -> dict[str, Any]:

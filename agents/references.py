@@ -11,6 +11,8 @@ import re
 import uuid
 from typing import Any, NamedTuple
 
+from django.urls import reverse
+
 from journal.models import JournalEvent
 from sagas import errors
 from sagas.access import JournalLens
@@ -66,19 +68,37 @@ def image_artifacts(*, text: str, saga: Saga) -> list[Artifact]:
 
 
 def artifact_refs(*, saga: Saga, names: list[str]) -> list[dict[str, Any]]:
-    """What a WorkerResult's `artifacts` holds for the artifacts a worker names: a reference to
-    each (never its content), or one `invalid_payload` naming those the saga does not have."""
-    wanted = unique([n for n in names if isinstance(n, str)])
-    found = {a.name: a for a in Artifact.objects.listing(saga).filter(name__in=wanted)}
-    if unknown := [n for n in wanted if n not in found]:
+    """References to the artifacts named (see `resolve_artifacts`), or one `invalid_payload` naming
+    those the saga does not have."""
+    found, unknown = resolve_artifacts(saga=saga, names=names)
+    if unknown:
         raise errors.InvalidPayload(
             f"Unknown artifacts in this saga: {', '.join(unknown)}.",
             errors={"artifacts": [f"No artifact {n} in this saga." for n in unknown]},
         )
-    return [
-        {"name": n, "content_type": found[n].content_type, "size": found[n].size, "sha256": found[n].sha256}
+    return list(found.values())
+
+
+def resolve_artifacts(*, saga: Saga, names: list[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """What a WorkerResult's `artifacts` holds for the artifacts a worker names: a context reference
+    to each (`{kind, uri, label}`, the uri its REST download, never its content), by name, and the
+    names the saga does not have. One query."""
+    wanted = unique([n for n in names if isinstance(n, str)])
+    found = {a.name: a for a in Artifact.objects.listing(saga).filter(name__in=wanted)}
+    refs = {
+        n: {
+            "kind": "artifact",
+            "uri": reverse("api-artifact", args=[saga.pk, n]),
+            "label": n,
+            "name": n,
+            "content_type": found[n].content_type,
+            "size": found[n].size,
+            "sha256": found[n].sha256,
+        }
         for n in wanted
-    ]
+        if n in found
+    }
+    return refs, [n for n in wanted if n not in found]
 
 
 def unique(items: list[str]) -> list[str]:

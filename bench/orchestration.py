@@ -1,6 +1,7 @@
 """The orchestrator's parallel speedup and its own overhead, through the real stack.
 
     .venv/bin/python bench/orchestration.py [--workers 1,2,4] [--latency 1.0] [--rounds 3]
+                                            [--postgres] [--against REV]
 
 Every model is the local fake OpenAI-compatible server (tests/agents/fake_llm.py), over HTTP with
 the real `openai` client: the router answers at once with a plan of N support workers, each worker
@@ -17,11 +18,24 @@ model time inside it (the `llm_call` latencies): routing (`prompt.submitted` →
 the support phase (minus the slowest worker's model call), the primary (its `worker_start` →
 `prompt.completed`), and per worker (its `worker_start` → `worker_end`, minus its model call).
 
-Needs nothing running: a temporary data dir with its own SQLite database, the embedded
-redis-server on a free port, its worker processes; all killed at the end.
+The counts do not depend on the machine's load: the worker processes run with
+`bench/orchestration_probe.py`, which records per task the SQL statements, the transactions
+committed and the Celery messages sent, and the orchestration steps it ran. Per orchestration:
+the tasks run (Celery hand-offs), messages sent, statements and transactions, and the steps tried
+(a step tried and not moved on is a doorbell that found its work unfinished); per support worker,
+the difference between the largest N and N = 1, divided by N - 1.
+
+`--against REV` runs the same rounds on a checkout of REV (a temporary git worktree) and on this
+tree, interleaved (REV, this tree, REV, …), so that both see the same load; the orchestrations are
+submitted by this tree's code in both cases, the workers run each tree's.
+
+Needs nothing running: a temporary data dir with its own SQLite database (or, with `--postgres`, a
+temporary database on the local PostgreSQL server), the embedded redis-server on a free port, its
+worker processes; all removed at the end.
 """
 
 import argparse
+import json
 import os
 import secrets
 import shutil
@@ -31,21 +45,29 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
+from bench.journal_append import PG_SERVER, postgres_database  # noqa: E402
 from tests.agents.fake_llm import FakeLLM, say, tool_call  # noqa: E402
 from tests.support import RedisServer, stop_process, wait_until  # noqa: E402
 
 
-def configure(workdir: Path, redis_base: str, llm_url: str) -> None:
+def configure(workdir: Path, redis_base: str, llm_url: str, database_url: str) -> None:
+    probe = workdir / "probe"
+    probe.mkdir()
+    # The probe as a top-level module, so that a worker of another checkout imports it too.
+    shutil.copy(BASE_DIR / "bench" / "orchestration_probe.py", probe / "agora_bench_probe.py")
     os.environ.update(
         DJANGO_SETTINGS_MODULE="config.settings",
         AGORA_DATA_DIR=str(workdir),
-        DATABASE_URL=f"sqlite:///{workdir / 'bench.sqlite3'}",
+        DATABASE_URL=database_url,
+        BENCH_PROBE_FILE=str(workdir / "probe.jsonl"),
         REDIS_URL=f"{redis_base}/0",
         OPENAI_BASE_URL=llm_url,
         OPENAI_API_KEY="bench",
@@ -93,29 +115,36 @@ def load(max_workers: int) -> None:
 
 
 class Worker:
-    def __init__(self, concurrency: int, logdir: Path) -> None:
+    def __init__(self, concurrency: int, logdir: Path, tree: Path) -> None:
         from config.celery import app
 
         self.name = f"bench-{uuid.uuid4().hex[:8]}@localhost"
-        argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "-n", self.name, "-l", "WARNING",
+        argv = [sys.executable, "-m", "celery", "-A", "agora_bench_probe", "worker", "-n", self.name, "-l", "WARNING",
                 "-P", "prefork", "-c", str(concurrency), "--without-mingle", "--without-gossip"]  # fmt: skip
+        env = dict(os.environ, PYTHONPATH=str(logdir / "probe"))
         with (logdir / f"worker-c{concurrency}.log").open("ab") as log:
             self.proc = subprocess.Popen(
-                argv, cwd=BASE_DIR, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                argv, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        wait_until(lambda: bool(app.control.ping([self.name], timeout=0.3)), timeout=60, interval=0.2, what="worker")
+        wait_until(lambda: bool(app.control.ping([self.name], timeout=0.3)), timeout=90, interval=0.2, what="worker")
 
     def stop(self) -> None:
         stop_process(self.proc, grace=5)
 
 
-def orchestrate(owner: Any, n: int) -> Any:
+def orchestrate(owner: Any, n: int, probe: Path) -> tuple[Any, dict[str, Any]]:
+    """One orchestration, and what its tasks did (the probe's lines written meanwhile)."""
+    import agora_bench_probe
+
     from agents.orchestrator.actions import submit_prompt
     from agents.orchestrator.models import Prompt
     from sagas.actions import create_saga
 
     saga = create_saga(title=f"bench {uuid.uuid4().hex[:6]}", owner=owner)
+    offset = probe.stat().st_size if probe.exists() else 0
+    agora_bench_probe.snapshot()
     prompt, _ = submit_prompt(saga=saga, by=owner, text=f"Split this. WORKERS={n} ", brain="bench")
+    submitted = agora_bench_probe.snapshot()
     wait_until(
         lambda: Prompt.objects.filter(pk=prompt.pk).exclude(status="running").exists(),
         timeout=120, interval=0.02, what="the orchestration",
@@ -123,7 +152,44 @@ def orchestrate(owner: Any, n: int) -> Any:
     prompt.refresh_from_db()
     if prompt.status != "completed":
         raise RuntimeError(f"orchestration {prompt.pk} {prompt.status}: {prompt.reason}")
-    return prompt
+    # The task that concluded it writes its line just after.
+    wait_until(
+        lambda: any(s["step"] == "primary" and s["moved"] for x in task_lines(probe, offset) for s in x["steps"]),
+        timeout=10, what="the probe's line of the last step",
+    )  # fmt: skip
+    return prompt, tally(submitted, task_lines(probe, offset))
+
+
+def task_lines(probe: Path, offset: int) -> list[dict[str, Any]]:
+    with probe.open("rb") as f:
+        f.seek(offset)
+        return [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+
+
+def tally(submitted: dict[str, Any], lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """One orchestration's counts: the submission (the web side) and every task it caused."""
+    tasks: Counter[str] = Counter(short(line["task"]) for line in lines)
+    sent: Counter[str] = Counter({short(k): v for k, v in submitted["published"].items()})
+    steps: Counter[str] = Counter()
+    for line in lines:
+        sent.update({short(k): v for k, v in line["published"].items()})
+        for step in line["steps"]:
+            steps[f"{step['step']} {'moved' if step['moved'] else 'not ready'}"] += 1
+            steps[f"statements in {step['step']}"] += step["statements"]
+    return {
+        "tasks": sum(tasks.values()),
+        "messages": sum(sent.values()),
+        "statements": submitted["statements"] + sum(line["statements"] for line in lines),
+        "transactions": submitted["commits"] + sum(line["commits"] for line in lines),
+        "submit statements": submitted["statements"],
+        **{f"tasks {k}": v for k, v in tasks.items()},
+        **{f"statements in {k} tasks": sum(x["statements"] for x in lines if short(x["task"]) == k) for k in tasks},
+        **steps,
+    }
+
+
+def short(task: str) -> str:
+    return task.rsplit(".", 1)[-1]
 
 
 def timeline(prompt: Any) -> dict[str, Any]:
@@ -172,63 +238,121 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4", help="support workers per orchestration, comma-separated")
     parser.add_argument("--latency", type=float, default=1.0, help="each support worker's model latency, seconds")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--postgres", action="store_true", help=f"a temporary database on {PG_SERVER}, not SQLite")
+    parser.add_argument("--against", default="", help="also run the workers of this git revision, interleaved")
+    parser.add_argument("--keep", action="store_true", help="keep the data dir (the probe's lines) and say where")
     args = parser.parse_args()
-    sizes = [int(n) for n in args.workers.split(",") if n]
+    sizes = sorted({int(n) for n in args.workers.split(",") if n})
 
     workdir = Path(tempfile.mkdtemp(prefix="agora-bench-orch-"))
     redis = RedisServer(workdir / "redis")
     fake = FakeLLM()
+    cleanup = ExitStack()
+    trees = [("this tree", BASE_DIR)]
     try:
-        configure(workdir, redis.base_url, fake.url)
+        if args.against:
+            before = workdir / "before"
+            subprocess.run(["git", "worktree", "add", "--detach", str(before), args.against], cwd=BASE_DIR,
+                           check=True, capture_output=True)  # fmt: skip
+            cleanup.callback(
+                subprocess.run, ["git", "worktree", "remove", "--force", str(before)], cwd=BASE_DIR, capture_output=True
+            )
+            trees.insert(0, (f"before ({args.against})", before))
+        if args.postgres:
+            database_url = cleanup.enter_context(postgres_database())
+            if database_url is None:
+                raise SystemExit(f"PostgreSQL at {PG_SERVER} does not answer")
+            database = "PostgreSQL (a temporary database)"
+        else:
+            database_url, database = f"sqlite:///{workdir / 'bench.sqlite3'}", "SQLite (WAL)"
+        configure(workdir, redis.base_url, fake.url, database_url)
+        sys.path.insert(0, str(workdir / "probe"))
         program(fake, max(sizes), args.latency)
         import django
 
         django.setup()
+        import agora_bench_probe
         from django.core.management import call_command
 
         from accounts.models import User
 
+        agora_bench_probe.install()
         call_command("migrate", verbosity=0)
         load(max(sizes))
         owner = User.objects.create_user(username="bench")
-        print(f"{os.cpu_count()} cores; SQLite (WAL); model latency {args.latency:.2f} s per support worker")
+        print(f"{os.cpu_count()} cores; {database}; model latency {args.latency:.2f} s per support worker")
         print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)
-        phases: dict[tuple[int, int], list[float]] = {}
-        overheads: dict[str, list[float]] = {
-            "routing": [], "support": [], "dispatch": [], "collect": [], "primary": [], "worker": []
-        }  # fmt: skip
-        for n in sizes:
-            for concurrency in sorted({1, n}):
-                worker = Worker(concurrency, workdir)
-                try:
-                    orchestrate(owner, n)  # warm the pool processes
-                    for _ in range(args.rounds):
-                        t = timeline(orchestrate(owner, n))
-                        phases.setdefault((n, concurrency), []).append(t["phase_ms"])
-                        if concurrency == n:
-                            overheads["routing"].append(t["routing_overhead"])
-                            overheads["support"].append(t["support_overhead"])
-                            overheads["dispatch"].append(t["dispatch"])
-                            overheads["collect"].append(t["collect"])
-                            overheads["primary"].append(t["primary_overhead"])
-                            overheads["worker"] += t["per_worker"]
-                finally:
-                    worker.stop()
-        print("\nsupport phase, median over rounds (N workers, each one model call of the latency above):")
-        print(f"{'N':>3} {'side by side (-c N)':>20} {'one after another (-c 1)':>25} {'speedup':>8} {'/ N':>6}")
-        for n in sizes:
-            side, seq = med(phases[(n, n)]), med(phases[(n, 1)])
-            print(f"{n:>3} {side:>17.0f} ms {seq:>22.0f} ms {seq / side:>8.2f} {seq / side / n:>6.2f}")
-        print("\nthe orchestration's own time beside the model time, median (side-by-side runs):")
-        for step, values in overheads.items():
-            label = LABELS.get(step, f"{step} step")
-            spread = f"range {min(values):.1f} to {max(values):.1f}, {len(values)} runs"
-            print(f"  {label:<42} {med(values):7.1f} ms  ({spread})")
-        print(f"  support step per worker{'':<19} {med(overheads['support']) / max(sizes):7.1f} ms at N={max(sizes)}")
+        probe = workdir / "probe.jsonl"
+        results = {label: Results() for label, _ in trees}
+        for _ in range(args.rounds):
+            for label, tree in trees:
+                for concurrency in sorted({1, *sizes}):
+                    worker = Worker(concurrency, workdir, tree)
+                    try:
+                        orchestrate(owner, max(1, concurrency), probe)  # warm the pool processes
+                        for n in sizes if concurrency == 1 else [concurrency]:
+                            prompt, counts = orchestrate(owner, n, probe)
+                            results[label].add(n, concurrency, timeline(prompt), counts)
+                    finally:
+                        worker.stop()
+        print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+        for label, _ in trees:
+            print(f"\n=== {label}")
+            results[label].report(sizes)
     finally:
         fake.stop()
         redis.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        cleanup.close()
+        if args.keep:
+            print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+class Results:
+    def __init__(self) -> None:
+        self.phases: dict[tuple[int, int], list[float]] = {}
+        self.overheads: dict[str, list[float]] = {
+            "routing": [], "support": [], "dispatch": [], "collect": [], "primary": [], "worker": []
+        }  # fmt: skip
+        self.support_per_worker: list[float] = []
+        self.counts: dict[int, list[dict[str, Any]]] = {}
+
+    def add(self, n: int, concurrency: int, t: dict[str, Any], counts: dict[str, Any]) -> None:
+        self.phases.setdefault((n, concurrency), []).append(t["phase_ms"])
+        self.counts.setdefault(n, []).append(counts)
+        if concurrency == n:
+            for step in ("routing", "support", "primary"):
+                self.overheads[step].append(t[f"{step}_overhead"])
+            for step in ("dispatch", "collect"):
+                self.overheads[step].append(t[step])
+            self.overheads["worker"] += t["per_worker"]
+            self.support_per_worker.append(t["support_overhead"] / n)
+
+    def report(self, sizes: list[int]) -> None:
+        print("support phase, median over rounds (N workers, each one model call of the latency above):")
+        print(f"{'N':>3} {'side by side (-c N)':>20} {'one after another (-c 1)':>25} {'speedup':>8} {'/ N':>6}")
+        for n in sizes:
+            side, seq = med(self.phases[(n, n)]), med(self.phases[(n, 1)])
+            print(f"{n:>3} {side:>17.0f} ms {seq:>22.0f} ms {seq / side:>8.2f} {seq / side / n:>6.2f}")
+        print("the orchestration's own time beside the model time, median (side-by-side runs):")
+        for step, values in self.overheads.items():
+            label = LABELS.get(step, f"{step} step")
+            spread = f"range {min(values):.1f} to {max(values):.1f}, {len(values)} runs"
+            print(f"  {label:<42} {med(values):7.1f} ms  ({spread})")
+        print(f"  support step / N{'':<25} {med(self.support_per_worker):7.1f} ms")
+        print("counts per orchestration (median over its runs; they do not depend on the load):")
+        keys = sorted({k for runs in self.counts.values() for c in runs for k in c}, key=count_order)
+        print(f"  {'':<38}" + "".join(f"{'N=' + str(n):>8}" for n in sizes) + f"{'/ worker':>10}")
+        for key in keys:
+            values = [med([float(c.get(key, 0)) for c in self.counts[n]]) for n in sizes]
+            marginal = (values[-1] - values[0]) / (sizes[-1] - sizes[0]) if len(sizes) > 1 else float("nan")
+            print(f"  {key:<38}" + "".join(f"{v:>8.0f}" for v in values) + f"{marginal:>10.1f}")
+
+
+def count_order(key: str) -> tuple[int, str]:
+    first = ["tasks", "messages", "transactions", "statements", "submit statements"]
+    return (first.index(key), "") if key in first else (len(first) + key.startswith("statements"), key)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ app.steps["consumer"].add(WorkerBeat)  # what /healthz counts as a live worker
 def reconcile_at_start(sender: Any = None, **kwargs: Any) -> None:
     """A worker that starts after a crash re-rings whatever the crash left silent."""
     app.send_task("sagas.tasks.reconcile")
-    app.send_task("agents.orchestrator.resume_prompts")
+    app.send_task("agents.orchestrator.resume_prompts", kwargs={"everything": True})
 
 
 @worker_init.connect

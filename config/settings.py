@@ -329,7 +329,7 @@ AGORA_SAGA_PANELS: dict[str, tuple[str, str, str, list[str]]] = {
         "Prompts",
         "agents.orchestrator.views.prompts_part",
         "agents/parts/prompts.html",
-        ["prompt.", "plan.", "primary.", "review.", "worker_", "run."],
+        ["prompt.", "plan.", "primary.", "review.", "worker_", "run.", "hook_"],
     ),
 }
 AGORA_RERING_S = float(os.environ.get("AGORA_RERING_S", "15"))

@@ -19,6 +19,8 @@ from agents.references import expand_references
 from sagas.models import Saga
 
 CONTEXT_HEADING = "--- Context from hooks ---"
+# Stop's context, appended to the final answer under this line (the plan view finds it there).
+FEEDBACK_HEADING = "--- Feedback from hooks ---"
 
 
 def hook_key(prompt_id: Any, event: Event, worker: str = "") -> str:

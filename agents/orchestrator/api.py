@@ -59,7 +59,11 @@ class PromptOutput(serializers.Serializer):
     )
     team = serializers.ListField(child=serializers.CharField())
     plan = serializers.JSONField(allow_null=True, help_text="{primary_role, workers, requires_review, reason, source}")
-    results = serializers.JSONField(help_text="Each support worker's WorkerResult, with its role and goal.")
+    results = serializers.JSONField(
+        help_text="Each support worker's WorkerResult, with its role and goal. Its `artifacts` are context "
+        "references `{kind, uri, label}`; one of kind `artifact` is a saga artifact the worker named, its `uri` "
+        "the artifact's download, with `name`, `content_type`, `size` and `sha256`."
+    )
     mcp = serializers.JSONField(
         help_text='The primary\'s MCP servers: {server: {"status": "connected", "tools": [...]} '
         'or {"status": "failed", "reason": ..., "tools": []}}.'

@@ -7,12 +7,18 @@ loses the other workers' results.
 """
 
 import json
+import re
+from collections.abc import Callable
 from typing import Any
 
 from agents.orchestrator.plans import parse_json_object
+from sagas.models import ARTIFACT_NAME
 
 Handoff = dict[str, Any]
 WorkerResult = dict[str, Any]
+# Names → (a reference per artifact found, by name; the names the saga does not have).
+ArtifactResolver = Callable[[list[str]], tuple[dict[str, dict[str, Any]], list[str]]]
+ARTIFACT_NAMED = re.compile(rf"(?:@?artifact:)?({ARTIFACT_NAME})")
 PROGRESS = ("completed", "failed", "blocked", "partial")
 DECISIONS = ("approve", "changes_requested", "blocked")
 SEVERITIES = ("critical", "high", "medium", "low", "info")
@@ -45,7 +51,9 @@ def result_shape(packet: Handoff) -> dict[str, Any]:
         "parent_id": packet["task"]["parent_id"],
         "progress": {"status": "completed|failed|blocked|partial"},
         "summary": "string",
-        "artifacts": [{"kind": "file|thread|summary|artifact|check", "uri": "string", "label": "string"}],
+        "artifacts": [
+            {"kind": "file|thread|summary|artifact|check", "uri": "string (kind artifact: its name)", "label": "string"}
+        ],
         "risks": ["string"],
         "next_questions": ["string"],
     }
@@ -69,17 +77,45 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
-def _artifacts(value: Any) -> list[dict[str, str]]:
-    found = []
+def artifact_name(entry: Any) -> str | None:
+    """The saga artifact an entry names: a bare name (`spec.md`, `@artifact:spec.md`), or an entry
+    of kind `artifact` whose `name` or `uri` is one. None for anything else."""
+    if isinstance(entry, dict):
+        if entry.get("kind") != "artifact":
+            return None
+        entry = entry.get("name") or entry.get("uri")
+    named = ARTIFACT_NAMED.fullmatch(entry.strip()) if isinstance(entry, str) else None
+    return named.group(1) if named else None
+
+
+def _artifacts(value: Any, resolve: ArtifactResolver | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """The result's context references, and a risk per artifact named that the saga does not have.
+
+    Names become references to the saga's artifacts (`resolve`: kind, uri of its download, label,
+    content type, size, digest). An unknown name is kept out of `artifacts`, where it would be a
+    link to nothing, and said in `risks`, which the primary and the reviewer read."""
+    entries: list[tuple[dict[str, Any] | None, str, str]] = []  # (a kept reference, or a name and its label)
     for entry in value if isinstance(value, list) else []:
-        if isinstance(entry, dict) and isinstance(entry.get("uri"), str):
-            found.append({k: str(entry[k]) for k in ("kind", "uri", "label", "status") if k in entry})
-    return found
+        if (name := artifact_name(entry)) is not None:
+            label = entry.get("label") if isinstance(entry, dict) else None
+            entries.append((None, name, label if isinstance(label, str) else ""))
+        elif isinstance(entry, dict) and isinstance(entry.get("uri"), str):
+            entries.append(({k: str(entry[k]) for k in ("kind", "uri", "label", "status") if k in entry}, "", ""))
+    names = list(dict.fromkeys(name for ref, name, _ in entries if ref is None))
+    found, unknown = resolve(names) if names and resolve is not None else ({}, names)
+    refs: list[dict[str, Any]] = []
+    for ref, name, label in entries:
+        if ref is not None:
+            refs.append(ref)
+        elif name in found and all(r.get("name") != name for r in refs):
+            refs.append({**found[name], **({"label": label} if label else {})})
+    return refs, [f"Artifact {n} is not in this saga: the result names it, nothing was attached." for n in unknown]
 
 
-def normalize_worker_result(output: Any, packet: Handoff) -> WorkerResult:
+def normalize_worker_result(output: Any, packet: Handoff, *, resolve: ArtifactResolver | None = None) -> WorkerResult:
     """A WorkerResult from whatever the worker finished with: the expected JSON (an object, or text
-    holding one), or plain text, which becomes the summary. The ids always come from the handoff."""
+    holding one), or plain text, which becomes the summary. The ids always come from the handoff;
+    artifact names are resolved through `resolve` (without it, none is found)."""
     data = output if isinstance(output, dict) else parse_json_object(output) if isinstance(output, str) else None
     text = output if isinstance(output, str) else "" if output is None else json.dumps(output, ensure_ascii=False)
     known = {"summary", "progress", "risks", "artifacts", "next_questions", "nextQuestions"}
@@ -88,14 +124,15 @@ def normalize_worker_result(output: Any, packet: Handoff) -> WorkerResult:
     progress = data.get("progress")
     status = progress.get("status") if isinstance(progress, dict) else progress
     summary = data.get("summary")
+    artifacts, missing = _artifacts(data.get("artifacts"), resolve)
     return {
         "handoff_id": packet["id"],
         "task_id": packet["task"]["id"],
         "parent_id": packet["task"]["parent_id"],
         "progress": {"status": status if status in PROGRESS else "completed"},
         "summary": summary if isinstance(summary, str) else json.dumps(summary, ensure_ascii=False),
-        "artifacts": _artifacts(data.get("artifacts")),
-        "risks": _strings(data.get("risks")),
+        "artifacts": artifacts,
+        "risks": _strings(data.get("risks")) + missing,
         "next_questions": _strings(data.get("next_questions", data.get("nextQuestions"))),
     }
 

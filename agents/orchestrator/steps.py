@@ -25,8 +25,10 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from agents import references
 from agents.hooks import Event, PreparedPrompt, hook_key, prepare_prompt, run_hooks
-from agents.hooks.lifecycle import CONTEXT_HEADING
+from agents.hooks.lifecycle import CONTEXT_HEADING, FEEDBACK_HEADING
+from agents.hooks.models import HookHandler
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator import handoffs, plans, router
@@ -40,26 +42,29 @@ Step = Prompt.Step
 
 SUPPORT_EXPECTED = "A WorkerResult JSON object: progress, summary, artifacts, risks, next_questions."
 REVIEW_EXPECTED = "A review JSON object: decision, confidence, findings, required_changes, blocking_issues."
-FEEDBACK_HEADING = "--- Feedback from hooks ---"
 
 
-def advance(prompt_id: str) -> None:
-    """Move the prompt through every step that is ready now."""
+def advance(prompt_id: str) -> list[str]:
+    """Move the prompt through every step that is ready now. Returns the runs a step created for
+    the caller to run at once, in this task, rather than through one more Celery hand-off (one per
+    step: the first support worker, the primary, the reviewer; see `start`)."""
+    here: list[str] = []
     for _ in range(len(Step)):
         prompt = Prompt.objects.select_related("brain", "saga", "lead__user").filter(pk=prompt_id).first()
         if prompt is None or prompt.step == Step.DONE or prompt.lead is None:
-            return
+            break
         if prompt.saga.is_finished:  # its workers were ended with the saga; no step may start more
             fail(prompt, prompt.step, f"The saga was {prompt.saga.status}.")
-            return
-        if not STEPS[prompt.step](prompt):
-            return
+            break
+        if not STEPS[prompt.step](prompt, here):
+            break
+    return here
 
 
 # --- the steps -----------------------------------------------------------------------------------
 
 
-def route(prompt: Prompt) -> bool:
+def route(prompt: Prompt, here: list[str]) -> bool:
     brain = prompt.brain
     if not claim_routing(prompt):
         return False  # another task is routing (or running hooks); a lapsed lease (a killed worker) frees it
@@ -95,29 +100,37 @@ def route(prompt: Prompt) -> bool:
         if not move(prompt, Step.ROUTING, Step.WORKERS, plan=plan, expanded=text):
             return False
         journal(prompt, "plan.created", {"plan": plan})
+        tasks = {}
         for worker in plan["workers"]:
             if worker.get("blocked"):
                 continue  # its SubagentStart hook blocked it: its failed result is made at the workers step
             task = handoffs.support_worker_task(support_handoff(prompt, worker))
             if contexts.get(worker["role"]):
                 task = f"{task}\n\n{CONTEXT_HEADING}\n{contexts[worker['role']]}"
-            start(prompt, worker["role"], role=worker["role"], task=task)
+            tasks[worker["role"]] = task
+        start_all(prompt, tasks, here)
     return True
 
 
-def workers(prompt: Prompt) -> bool:
+def workers(prompt: Prompt, here: list[str]) -> bool:
     plan = prompt.plan or {}
+    planned = plan.get("workers", [])
+    found = outcomes(prompt, [w["role"] for w in planned if not w.get("blocked")])
     done: list[tuple[dict[str, Any], Outcome]] = []
-    for worker in plan.get("workers", []):
-        outcome = blocked_outcome(worker) or outcome_of(prompt, worker["role"])
+    for worker in planned:
+        outcome = blocked_outcome(worker) or found.get(worker["role"])
         if outcome is None:
             return False
         done.append((worker, outcome))
+
+    def resolve(names: list[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        return references.resolve_artifacts(saga=prompt.saga, names=names)
+
     results = [
         handoffs.executed(
             handoffs.failed_worker_result(support_handoff(prompt, w), o.error)
             if o.failed
-            else handoffs.normalize_worker_result(o.output, support_handoff(prompt, w)),
+            else handoffs.normalize_worker_result(o.output, support_handoff(prompt, w), resolve=resolve),
             role=w["role"],
             goal=w["goal"],
             error=o.error,
@@ -145,12 +158,12 @@ def workers(prompt: Prompt) -> bool:
         role = plan["primary_role"]
         if servers:
             journal(prompt, "mcp_connect", {"role": role, "servers": servers})
-        start(prompt, "primary", role=role, task=handoffs.primary_task(request_text(prompt), results, role))
+        start(prompt, "primary", role=role, task=handoffs.primary_task(request_text(prompt), results, role), here=here)
     return True
 
 
-def primary(prompt: Prompt) -> bool:
-    outcome = outcome_of(prompt, "primary")
+def primary(prompt: Prompt, here: list[str]) -> bool:
+    outcome = outcomes(prompt, ["primary"]).get("primary")
     if outcome is None:
         return False
     if outcome.failed:
@@ -176,13 +189,13 @@ def primary(prompt: Prompt) -> bool:
         packet = review_handoff(prompt)
         start(
             prompt, "review", role=brain.review_role,
-            task=handoffs.review_task(request_text(prompt), answer, prompt.results, packet),
+            task=handoffs.review_task(request_text(prompt), answer, prompt.results, packet), here=here,
         )  # fmt: skip
     return True
 
 
-def review(prompt: Prompt) -> bool:
-    outcome = outcome_of(prompt, "review")
+def review(prompt: Prompt, here: list[str]) -> bool:
+    outcome = outcomes(prompt, ["review"]).get("review")
     if outcome is None:
         return False
     verdict = handoffs.gate_review(
@@ -239,7 +252,7 @@ def subagent_start(prompt: Prompt, plan: dict[str, Any]) -> dict[str, str]:
     call). A block marks that worker `blocked` in the plan, with the reason, and it is never
     started; the others go on. Returns each worker's added context."""
     contexts: dict[str, str] = {}
-    for worker in plan["workers"]:
+    for worker in plan["workers"] if hooked(prompt, Event.SUBAGENT_START) else []:
         role = worker["role"]
         outcome = run_hooks(
             saga_id=prompt.saga_id, event=Event.SUBAGENT_START, brain=prompt.brain.name, role=role,
@@ -253,6 +266,12 @@ def subagent_start(prompt: Prompt, plan: dict[str, Any]) -> dict[str, str]:
     return contexts
 
 
+def hooked(prompt: Prompt, event: Event) -> bool:
+    """Whether the event has handlers for this brain at all: one statement for every worker, rather
+    than one per worker when there are none."""
+    return HookHandler.objects.for_event(event, brain=prompt.brain.name).exists()
+
+
 def blocked_outcome(worker: dict[str, Any]) -> "Outcome | None":
     """A worker its SubagentStart hook blocked: failed, with the reason, and no run behind it."""
     return Outcome(None, error=worker["blocked"], failed=True) if worker.get("blocked") else None
@@ -260,7 +279,7 @@ def blocked_outcome(worker: dict[str, Any]) -> "Outcome | None":
 
 def subagent_stop(prompt: Prompt, done: list[tuple[dict[str, Any], "Outcome", dict[str, Any]]]) -> None:
     """SubagentStop after each successful result (no block, no context: it observes)."""
-    for worker, outcome, result in done:
+    for worker, outcome, result in done if hooked(prompt, Event.SUBAGENT_STOP) else []:
         if outcome.failed:
             continue
         run_hooks(
@@ -285,7 +304,7 @@ def request_text(prompt: Prompt) -> str:
     return prompt.expanded or prompt.text
 
 
-STEPS: dict[str, Callable[[Prompt], bool]] = {
+STEPS: dict[str, Callable[[Prompt, list[str]], bool]] = {
     Step.ROUTING: route,
     Step.WORKERS: workers,
     Step.PRIMARY: primary,
@@ -303,20 +322,24 @@ class Outcome:
         self.run, self.output, self.error, self.failed = run, output, error, failed
 
 
-def outcome_of(prompt: Prompt, slot: str) -> Outcome | None:
-    """None while the worker is still at it. A run that went idle after answering in text (a model
-    that never calls finish) is done: its last text is its output."""
-    collaborator = Collaborator.objects.filter(saga=prompt.saga_id, name=prompt.worker_name(slot)).first()
-    if collaborator is None:
-        return None  # the step that moved here created it in the same transaction: not expected
-    run = Run.objects.select_related("collaborator").get(collaborator=collaborator)
-    if run.status == Run.Status.COMPLETED:
-        return Outcome(run, output=run.result)
-    if run.status in Run.FINISHED:
-        return Outcome(run, error=run.error or f"The worker's run was {run.status}.", failed=True)
-    if run.status == Run.Status.IDLE:
-        return Outcome(run, output=last_text(run))
-    return None
+def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
+    """How the workers of these slots ended, read in one statement; a slot whose worker is still at
+    it (or, unexpectedly, missing: the step that moved here created it) is absent. A run that went
+    idle after answering in text (a model that never calls finish) is done: its last text is its
+    output."""
+    names = {prompt.worker_name(slot): slot for slot in slots}
+    found: dict[str, Outcome] = {}
+    for run in Run.objects.filter(collaborator__saga=prompt.saga_id, collaborator__name__in=names).select_related(
+        "collaborator"
+    ):
+        slot = names[run.collaborator.name]
+        if run.status == Run.Status.COMPLETED:
+            found[slot] = Outcome(run, output=run.result)
+        elif run.status in Run.FINISHED:
+            found[slot] = Outcome(run, error=run.error or f"The worker's run was {run.status}.", failed=True)
+        elif run.status == Run.Status.IDLE:
+            found[slot] = Outcome(run, output=last_text(run))
+    return found
 
 
 def last_text(run: Run) -> str:
@@ -366,13 +389,35 @@ def review_handoff(prompt: Prompt) -> handoffs.Handoff:
     )  # fmt: skip
 
 
-def start(prompt: Prompt, slot: str, *, role: str, task: str) -> None:
-    """Delegate one worker from the lead (its first turn is rung after commit)."""
+def start_all(prompt: Prompt, tasks: dict[str, str], here: list[str]) -> None:
+    """Delegate the support workers from the lead, all in one kernel action. The first one runs in
+    the task that advanced this step (its process is free from now on: `here`); the others' first
+    turns are rung after commit."""
     assert prompt.lead is not None
-    actions.add_agent(
-        saga=prompt.saga, name=prompt.worker_name(slot), role=role, task=task, runtime=Collaborator.Runtime.INTERNAL,
-        profile=prompt.brain.roles[role], parent=prompt.lead.handle, by=prompt.lead.user,
+    if not tasks:
+        return
+    added = actions.add_agents(
+        saga=prompt.saga, parent=prompt.lead.handle, by=prompt.lead.user,
+        agents=[
+            actions.NewAgent(name=prompt.worker_name(role), role=role, task=task, profile=prompt.brain.roles[role],
+                             runtime=Collaborator.Runtime.INTERNAL, ring=index > 0)
+            for index, (role, task) in enumerate(tasks.items())
+        ],
     )  # fmt: skip
+    here += [str(collaborator.run.pk) for collaborator, _ in added[:1]]
+
+
+def start(prompt: Prompt, slot: str, *, role: str, task: str, here: list[str] | None = None) -> None:
+    """Delegate one worker from the lead. Its first turn is rung after commit; or, given `here`,
+    its run is added there for this task to run once the step's transaction commits (a crash
+    before that leaves it queued, and the reconciler rings it)."""
+    assert prompt.lead is not None
+    collaborator, _ = actions.add_agent(
+        saga=prompt.saga, name=prompt.worker_name(slot), role=role, task=task, runtime=Collaborator.Runtime.INTERNAL,
+        profile=prompt.brain.roles[role], parent=prompt.lead.handle, by=prompt.lead.user, ring=here is None,
+    )  # fmt: skip
+    if here is not None:
+        here.append(str(collaborator.run.pk))
 
 
 def move(prompt: Prompt, frm: str, to: str, **fields: Any) -> bool:

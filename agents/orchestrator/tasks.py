@@ -1,35 +1,67 @@
-"""Thin tasks: ids in, re-fetch, advance; safe to run twice (every step is a compare-and-set)."""
+"""Thin tasks: ids in, re-fetch, advance; safe to run twice (every step is a compare-and-set).
 
-from celery import shared_task
+A step may leave runs for the task that advanced it to run at once (`steps.advance`): the task
+runs them itself, the way a `run_turn` task would, one Celery hand-off less each.
+"""
+
+from datetime import timedelta
+
+from celery import Task, shared_task
+from django.conf import settings
+from django.utils import timezone
 
 from agents.orchestrator import steps
 from agents.orchestrator.actions import ring_prompt
 from agents.orchestrator.models import LEAD_PREFIX, Prompt
 
 
-@shared_task(name="agents.orchestrator.advance_prompt", acks_late=True)
-def advance_prompt(prompt_id: str) -> None:
-    steps.advance(prompt_id)
+@shared_task(name="agents.orchestrator.advance_prompt", acks_late=True, bind=True)
+def advance_prompt(self: Task, prompt_id: str) -> None:
+    run_here(steps.advance(prompt_id), worker=self.request.hostname or "")
 
 
-@shared_task(name="agents.orchestrator.worker_rested", acks_late=True)
-def worker_rested(saga_id: str, name: str) -> None:
-    """Rung by the executor when a task of a prompt's worker ends: maybe its step is ready."""
+@shared_task(name="agents.orchestrator.worker_rested", acks_late=True, bind=True)
+def worker_rested(self: Task, saga_id: str, name: str) -> None:
+    run_here(advance_after(saga_id, name), worker=self.request.hostname or "")
+
+
+def advance_after(saga_id: str, name: str) -> list[str]:
+    """A task of a prompt's worker ended: maybe its step is ready. The executor calls this after
+    the worker's last commit, and runs what it returns (see `steps.advance`)."""
     lead = name.split(".", 1)[0]
+    here: list[str] = []
     for prompt_id in Prompt.objects.filter(saga_id=saga_id, lead__name=lead, status=Prompt.Status.RUNNING).values_list(
         "pk", flat=True
     ):
-        steps.advance(str(prompt_id))
+        here += steps.advance(str(prompt_id))
+    return here
+
+
+def run_here(run_ids: list[str], *, worker: str) -> None:
+    # Imported here: the executor imports this module (it rings the orchestrator when a worker rests).
+    from agents.executor import run_turn
+
+    for run_id in run_ids:
+        run_turn(run_id, worker=worker)
 
 
 @shared_task(name="agents.orchestrator.resume_prompts")
-def resume_prompts() -> int:
-    """Periodic, and at each worker's start: ring every orchestration still running, so that one
-    whose doorbell was lost (a killed worker, a restart) carries on."""
-    ids = list(Prompt.objects.filter(status=Prompt.Status.RUNNING).values_list("pk", flat=True)[:500])
+def resume_prompts(everything: bool = False) -> int:
+    """Periodic, and at each worker's start: ring the orchestrations still running that nothing has
+    moved for `AGORA_RERING_S` (all of them at a worker's start), so that one whose doorbell was
+    lost (a killed worker, a restart) carries on. A fresh one is left alone: its own tasks move it,
+    and a doorbell every interval would only take a worker from them. Each re-ring touches the
+    prompt (a compare-and-set), which spaces the next one."""
+    now = timezone.now()
+    due = now - timedelta(seconds=settings.AGORA_RERING_S)
+    running = Prompt.objects.filter(status=Prompt.Status.RUNNING)
+    ids = list((running if everything else running.filter(updated_at__lte=due)).values_list("pk", flat=True)[:500])
+    rung = 0
     for prompt_id in ids:
-        ring_prompt(str(prompt_id))
-    return len(ids)
+        if everything or running.filter(pk=prompt_id, updated_at__lte=due).update(updated_at=now):
+            ring_prompt(str(prompt_id))
+            rung += 1
+    return rung
 
 
 def is_brain_worker(name: str) -> bool:

@@ -7,12 +7,15 @@ from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from accounts.models import User
+from agents.hooks.lifecycle import FEEDBACK_HEADING
+from agents.hooks.models import HookResult
 from agents.orchestrator import actions
 from agents.orchestrator.models import LEAD_PREFIX, Brain, Prompt
 from sagas import errors
@@ -30,11 +33,31 @@ def prompts_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
         for c in Collaborator.objects.filter(saga=saga, name__startswith=LEAD_PREFIX).select_related("run")
         if hasattr(c, "run")
     }
+    hooks = hook_outcomes(saga, prompts)
     return {
-        "prompts": [plan_view(p, runs) for p in prompts],
+        "prompts": [{**plan_view(p, runs), "hooks": hooks.get(str(p.pk), [])} for p in prompts],
         "can_prompt": may_manage(request.user, saga) and not saga.is_finished,
         "brains": list(Brain.objects.values_list("name", flat=True)),
     }
+
+
+def hook_outcomes(saga: Saga, prompts: list[Prompt]) -> dict[str, list[dict[str, Any]]]:
+    """Each prompt's hook runs, in the order they happened (one query): what blocked, what added
+    context, what failed or timed out."""
+    if not prompts:
+        return {}
+    keys = Q()
+    for prompt in prompts:
+        keys |= Q(key__startswith=f"prompt:{prompt.pk}:")
+    found: dict[str, list[dict[str, Any]]] = {}
+    for result in HookResult.objects.filter(keys, saga=saga).order_by("created_at", "pk"):
+        _, prompt_id, _, role = [*result.key.split(":", 3), ""][:4]  # prompt:<id>:<event>[:<role>]
+        found.setdefault(prompt_id, []).append(
+            {"event": result.event, "role": role, "handler": result.handler, "status": result.status,
+             "reason": result.reason, "error": result.error, "context_chars": len(result.context),
+             "duration_ms": result.duration_ms}
+        )  # fmt: skip
+    return found
 
 
 def live_status(run: Run | None) -> str:
@@ -52,13 +75,15 @@ def plan_view(prompt: Prompt, runs: dict[str, Run]) -> dict[str, Any]:
         workers.append(
             {
                 **w,
-                "status": result["status"]
-                if result
-                else "blocked"
+                "status": "blocked"
                 if w.get("blocked")
+                else result["status"]
+                if result
                 else live_status(runs.get(prompt.worker_name(w["role"]))),
                 "summary": result["summary"] if result else "",
-                "risks": result["risks"] if result else [],
+                # A blocked worker's one risk is the block's reason, shown as such.
+                "risks": [r for r in result["risks"] if r != w.get("blocked")] if result else [],
+                "artifacts": result["artifacts"] if result else [],
             }
         )
     primary_run = runs.get(prompt.worker_name("primary"))
@@ -74,6 +99,7 @@ def plan_view(prompt: Prompt, runs: dict[str, Run]) -> dict[str, Any]:
         "review_needed": bool(plan.get("requires_review")) and not prompt.is_team,
         "review_status": (prompt.review or {}).get("decision")
         or (live_status(review_run) if review_run else "waiting"),
+        "feedback": prompt.final_answer.partition(f"\n\n{FEEDBACK_HEADING}\n")[2],
     }
 
 

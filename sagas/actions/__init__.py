@@ -2,7 +2,7 @@
 it in the same transaction, and rings doorbells only after commit. Callers import from here."""
 
 from sagas.actions.artifacts import add_artifact
-from sagas.actions.collaborators import add_agent, add_human, find_collaborator
+from sagas.actions.collaborators import NewAgent, add_agent, add_agents, add_human, find_collaborator
 from sagas.actions.exposure import set_exposed
 from sagas.actions.followups import follow_up_request
 from sagas.actions.human_forms import answer_human_request, ask_human, visible_human_request
@@ -63,7 +63,9 @@ from sagas.actions.teams import (
 from sagas.actions.tokens import revoke_agent_token, rotate_agent_token
 
 __all__ = [
+    "NewAgent",
     "add_agent",
+    "add_agents",
     "add_artifact",
     "add_human",
     "allow_remote_agent",

@@ -1,13 +1,14 @@
 """Collaborators and delegations: agents and people joining a saga."""
 
 import re
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
 from django.utils.module_loading import import_string
 from guardian.shortcuts import assign_perm
 
-from accounts.actions import create_agent_user, issue_token
+from accounts.actions import create_agent_users, issue_token
 from accounts.models import User
 from journal.actions import record
 from sagas import errors
@@ -32,6 +33,22 @@ def actor_id(saga: Saga, by: User) -> str:
     return collaborator.handle if collaborator else f"{by.kind}:{by.username}"
 
 
+@dataclass(frozen=True)
+class NewAgent:
+    """One agent for `add_agents`: what `add_agent` takes besides the saga, the parent and `by`.
+    Its first turn (internal) is rung after commit unless `ring` is False: then the caller runs it
+    itself once the transaction commits (the queued run is the promise; the reconciler rings it
+    when nobody does)."""
+
+    name: str
+    role: str
+    task: str
+    runtime: str
+    profile: str = ""
+    resumable: bool = False
+    ring: bool = True
+
+
 @transaction.atomic
 def add_agent(
     *,
@@ -44,67 +61,95 @@ def add_agent(
     profile: str = "",
     parent: str | None = None,
     resumable: bool = False,
+    ring: bool = True,
 ) -> tuple[Collaborator, str | None]:
     """Add an agent collaborator with its service user, its delegation and its run.
 
     Managers may add agents anywhere; an agent may add only its own delegates. Returns the
-    collaborator and, for an external agent, its API token (shown this once).
+    collaborator and, for an external agent, its API token (shown this once). `ring`: see NewAgent.
     """
+    agent = NewAgent(name=name, role=role, task=task, runtime=runtime, profile=profile, resumable=resumable, ring=ring)
+    ((collaborator, token),) = add_agents(saga=saga, agents=[agent], by=by, parent=parent)
+    return collaborator, token
+
+
+@transaction.atomic
+def add_agents(
+    *, saga: Saga, agents: list[NewAgent], by: User, parent: str | None = None
+) -> list[tuple[Collaborator, str | None]]:
+    """Add agents under one parent, all or none, as `add_agent` adds one: with one lock, one check
+    of each cap for all of them, and one write of each kind (users, collaborators, delegations,
+    runs, permissions, address grants), so that a Brain's support workers cost one step, not one
+    per worker. Returns each collaborator, in order, with its token (external agents only)."""
     saga = lock_open_saga(saga.pk)
     acting = acting_collaborator(saga, by)
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+    for agent in agents:
+        check_new_agent(agent)
+    delegator = resolve_parent(saga, parent, by=by, acting=acting)
+    names = [agent.name for agent in agents]
+    taken = set(Collaborator.objects.filter(saga=saga, kind=Collaborator.Kind.AGENT, name__in=names).values_list(
+        "name", flat=True
+    ))  # fmt: skip
+    if taken or len(set(names)) < len(names):
+        again = next(n for i, n in enumerate(names) if n in taken or n in names[:i])
+        raise errors.NameTaken(f"agent:{again} is already in this saga.")
+    check_delegate_caps(saga, delegator, adding=len(agents))
+    users = create_agent_users(usernames=[f"agent.{saga.pk.hex[:12]}.{agent.name}" for agent in agents])
+    collaborators = Collaborator.objects.bulk_create(
+        Collaborator(saga=saga, kind=Collaborator.Kind.AGENT, name=agent.name, role=agent.role, task=agent.task,
+                     user=user, runtime=agent.runtime, profile=agent.profile)
+        for agent, user in zip(agents, users, strict=True)
+    )  # fmt: skip
+    Delegation.objects.bulk_create(
+        Delegation(saga=saga, delegator=delegator, delegate=collaborator, task=collaborator.task)
+        for collaborator in collaborators
+    )
+    internal = [agent.runtime == Collaborator.Runtime.INTERNAL for agent in agents]
+    runs = Run.objects.bulk_create(
+        Run(collaborator=collaborator, status=Run.Status.QUEUED if inside else Run.Status.IDLE,
+            resumable=agent.resumable)
+        for agent, collaborator, inside in zip(agents, collaborators, internal, strict=True)
+    )  # fmt: skip
+    assign_perm("sagas.view_saga", users, saga)
+    sync_address_grants(saga)
+    actor = acting.handle if acting else f"human:{by.username}"
+    added = []
+    for agent, collaborator, run, user, inside in zip(agents, collaborators, runs, users, internal, strict=True):
+        record(
+            saga_id=saga.pk,
+            type="collaborator.joined",
+            actor=actor,
+            run_id=run.pk,
+            data={"id": collaborator.handle, "kind": "agent", "role": agent.role, "task": agent.task,
+                  "parent": delegator.handle, "runtime": agent.runtime, "profile": agent.profile},
+        )  # fmt: skip
+        if inside and agent.ring:
+            ring_run_after_commit(run.pk)
+        added.append((collaborator, None if inside else issue_token(user=user)))
+    return added
+
+
+def check_new_agent(agent: NewAgent) -> None:
+    if not isinstance(agent.name, str) or not NAME_RE.fullmatch(agent.name):
         raise errors.InvalidPayload(
             "Bad agent name.", errors={"name": ["Lowercase letters, digits, '.', '_' and '-'."]}
         )
-    check_goal(task, field="task")
-    if runtime not in (Collaborator.Runtime.INTERNAL, Collaborator.Runtime.EXTERNAL):
+    check_goal(agent.task, field="task")
+    if agent.runtime not in (Collaborator.Runtime.INTERNAL, Collaborator.Runtime.EXTERNAL):
         raise errors.InvalidPayload("Bad runtime.", errors={"runtime": ["internal or external."]})
-    if runtime == Collaborator.Runtime.INTERNAL and not profile:
+    if agent.runtime == Collaborator.Runtime.INTERNAL and not agent.profile:
         raise errors.InvalidPayload("An internal agent needs a profile.", errors={"profile": ["Required."]})
-    if runtime == Collaborator.Runtime.INTERNAL and not profile_exists(profile):
+    if agent.runtime == Collaborator.Runtime.INTERNAL and not profile_exists(agent.profile):
         raise errors.InvalidPayload(
-            f"No agent profile {profile}.",
-            errors={"profile": [f"No profile {profile}; `load_profiles` adds profiles."]},
+            f"No agent profile {agent.profile}.",
+            errors={"profile": [f"No profile {agent.profile}; `load_profiles` adds profiles."]},
         )
-    delegator = resolve_parent(saga, parent, by=by, acting=acting)
-    if Collaborator.objects.filter(saga=saga, kind=Collaborator.Kind.AGENT, name=name).exists():
-        raise errors.NameTaken(f"agent:{name} is already in this saga.")
-    check_delegate_caps(saga, delegator)
-    user = create_agent_user(username=f"agent.{saga.pk.hex[:12]}.{name}")
-    collaborator = Collaborator.objects.create(
-        saga=saga,
-        kind=Collaborator.Kind.AGENT,
-        name=name,
-        role=role,
-        task=task,
-        user=user,
-        runtime=runtime,
-        profile=profile,
-    )
-    Delegation.objects.create(saga=saga, delegator=delegator, delegate=collaborator, task=task)
-    internal = runtime == Collaborator.Runtime.INTERNAL
-    run = Run.objects.create(
-        collaborator=collaborator, status=Run.Status.QUEUED if internal else Run.Status.IDLE, resumable=resumable
-    )
-    assign_perm("sagas.view_saga", user, saga)
-    sync_address_grants(saga)
-    actor = acting.handle if acting else f"human:{by.username}"
-    record(
-        saga_id=saga.pk,
-        type="collaborator.joined",
-        actor=actor,
-        run_id=run.pk,
-        data={"id": collaborator.handle, "kind": "agent", "role": role, "task": task, "parent": delegator.handle,
-              "runtime": runtime, "profile": profile},
-    )  # fmt: skip
-    if internal:
-        ring_run_after_commit(run.pk)
-    token = None if internal else issue_token(user=user)
-    return collaborator, token
 
 
 def resolve_parent(saga: Saga, parent: str | None, *, by: User, acting: Collaborator | None) -> Collaborator:
     """The delegator of a new agent: the named parent, or (for managers) the saga's owner."""
+    if acting is not None and acting.is_agent and parent == acting.handle:
+        return acting  # an agent's own delegate, whether it manages the saga or not: no permission to read
     if not may_manage(by, saga):
         if acting is None or not acting.is_agent:
             raise errors.Forbidden("Only managers of the saga add collaborators.")

@@ -339,3 +339,62 @@ def test_an_orchestration_whose_saga_finished_ends_at_its_next_step_and_starts_n
     assert Run.objects.get(collaborator=prompt.lead).status == Run.Status.CANCELLED
     assert not Delegation.objects.filter(delegator=prompt.lead).exists()
     assert types(saga)[-1] == "prompt.failed"
+
+
+def queued(redis_url: str, task: str, *, take: bool = False) -> list[str]:
+    """The first argument of each `task` message waiting in the broker (no worker runs here), in
+    any order; `take` removes every message."""
+    import base64
+
+    from redis import Redis
+
+    with Redis.from_url(redis_url) as client:
+        messages = [json.loads(raw) for raw in client.lrange("celery", 0, -1)]
+        if take:
+            client.delete("celery")
+    return sorted(json.loads(base64.b64decode(m["body"]))[0][0] for m in messages if m["headers"]["task"] == task)
+
+
+def test_the_periodic_resume_leaves_fresh_orchestrations_alone(
+    default_brain: None, saga: Saga, alice: User, redis_url: str, settings: LazySettings
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agents.orchestrator.actions import ADVANCE_TASK, submit_prompt
+    from agents.orchestrator.tasks import resume_prompts
+
+    fresh, _ = submit_prompt(saga=saga, by=alice, text="Do it")
+    stale, _ = submit_prompt(saga=saga, by=alice, text="Do that")
+    long_ago = timezone.now() - timedelta(seconds=settings.AGORA_RERING_S + 1)
+    Prompt.objects.filter(pk=stale.pk).update(updated_at=long_ago)  # nothing moved it since
+    queued(redis_url, ADVANCE_TASK, take=True)  # the submissions' own doorbells
+
+    assert resume_prompts() == 1
+    assert queued(redis_url, ADVANCE_TASK, take=True) == [str(stale.pk)]
+    assert resume_prompts() == 0  # rung: touched, so not again before AGORA_RERING_S
+    # At a worker's start (a restart after a crash) every running one is rung.
+    assert resume_prompts(everything=True) == 2
+    assert queued(redis_url, ADVANCE_TASK) == sorted([str(fresh.pk), str(stale.pk)])
+
+
+def test_the_routing_task_runs_the_first_support_worker_itself(
+    fake_brain: None, saga: Saga, alice: User, redis_url: str, settings: LazySettings
+) -> None:
+    """The first support worker costs no Celery hand-off: its run is handed back to the task that
+    routed, and only the others' first turns are queued."""
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+    from sagas.wakeups import RUN_TURN_TASK
+
+    settings.AGORA_HOOKS_INLINE = True  # the routing step runs hooks (none here), in this process
+    # Forced roles: no router call, the same support workers.
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement it.", brain="fake", team=["tester", "writer"])
+
+    here = steps.advance(str(prompt.pk))
+
+    tester, writer = (Collaborator.objects.get(saga=saga, name=prompt.worker_name(r)) for r in ("tester", "writer"))
+    assert here == [tester.run.pk]
+    assert queued(redis_url, RUN_TURN_TASK) == [writer.run.pk]
+    assert tester.run.status == writer.run.status == "queued"

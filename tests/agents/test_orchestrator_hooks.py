@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import LazySettings
+from django.test import Client
 from rest_framework.test import APIClient
 
 from accounts.models import User
@@ -78,7 +79,8 @@ def test_hooks_wrap_every_step_and_artifacts_reach_the_workers(
         ]
     )  # fmt: skip
     fake_llm.script("router-m", say("Sure! The coder should take this one."))  # garbage: the heuristic plans
-    fake_llm.script("tester-m", say("", tool_call("finish", {"result": {"summary": "Twelve cases pass."}})))
+    tester_result = {"summary": "Twelve cases pass.", "artifacts": ["spec.md", {"kind": "artifact", "uri": "ghost.md"}]}
+    fake_llm.script("tester-m", say("", tool_call("finish", {"result": tester_result})))
     fake_llm.script("coder-m", say("", tool_call("finish", {"result": "Use an opaque cursor."})))
     fake_llm.script("review-m", say(json.dumps({"decision": "approve", "confidence": 0.9})))
     client = client_for(alice)
@@ -100,6 +102,12 @@ def test_hooks_wrap_every_step_and_artifacts_reach_the_workers(
     assert fake_llm.calls_for("writer-m") == []
     tester, writer = body["results"]
     assert (tester["status"], tester["summary"]) == ("completed", "Twelve cases pass.")
+    # The artifact it names is a reference to its download; the one the saga lacks is a risk.
+    (spec,) = tester["artifacts"]
+    assert (spec["kind"], spec["label"]) == ("artifact", "spec.md")
+    assert spec["uri"] == f"/api/v1/sagas/{saga.pk}/artifacts/spec.md"
+    assert client.get(spec["uri"]).content == b"Cursor tokens are opaque."
+    assert tester["risks"] == ["Artifact ghost.md is not in this saga: the result names it, nothing was attached."]
     assert writer["status"] == "failed" and writer["risks"] == ["Writers are on leave."]
     assert not Collaborator.objects.filter(saga=saga, name__endswith=".writer").exists()
     # SubagentStop saw the successful result only; Stop's context is feedback on the final answer.
@@ -112,6 +120,15 @@ def test_hooks_wrap_every_step_and_artifacts_reach_the_workers(
     assert starts == {"tester": "", "writer": "block"}
     assert [e["role"] for e in hook_events(saga, "hook_subagent_stop")] == ["tester"]
     assert [e["handler"] for e in hook_events(saga, "hook_stop")] == ["notes"]
+    # The plan view shows the same: the artifact's link, the block's reason, each hook, the feedback.
+    page = Client()
+    page.force_login(alice)
+    html = page.get(f"/sagas/{saga.pk}/live/prompts/").content.decode()
+    assert f'<a href="/sagas/{saga.pk}/artifacts/spec.md">spec.md</a>' in html
+    assert 'data-role="writer" data-status="blocked"' in html and "blocked by a hook: Writers are on leave." in html
+    assert 'data-hook="no-writer" data-event="SubagentStart" data-status="blocked"' in html
+    assert 'data-hook="notes" data-event="Stop" data-status="ok"' in html
+    assert "feedback from hooks: Cite the changelog." in html
 
 
 def test_bad_references_are_refused_at_submission(saga: Saga, alice: User, bob: User) -> None:

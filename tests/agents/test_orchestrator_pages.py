@@ -56,8 +56,48 @@ def test_the_prompt_box_starts_an_orchestration_and_the_plan_view_shows_it(
     assert f'data-prompt="{prompt.pk}" data-status="completed"' in html and 'id="prompt-form"' not in html
     # The panel says which journal events refresh it.
     assert (
-        'data-events="prompt.,plan.,primary.,review.,worker_,run."' in client.get(f"/sagas/{saga.pk}/").content.decode()
+        'data-events="prompt.,plan.,primary.,review.,worker_,run.,hook_"'
+        in client.get(f"/sagas/{saga.pk}/").content.decode()
     )
+
+
+def test_a_hook_outcome_refreshes_the_panel_and_the_plan_view_shows_it(
+    default_brain: None, saga: Saga, alice: User
+) -> None:
+    """The page's script re-fetches a panel when an event's type starts with one of the prefixes
+    it names (static/agora/saga.js, `partsFor`): a stored hook outcome's event must match, and the
+    re-fetched part must show the outcome."""
+    from django.conf import settings
+
+    from agents.hooks.events import RULES, Event
+    from agents.hooks.execution import Raw
+    from agents.hooks.lifecycle import hook_key
+    from agents.hooks.models import HookHandler
+    from agents.hooks.parsing import Verdict
+    from agents.hooks.runner import store
+    from agents.orchestrator.actions import submit_prompt
+    from journal.models import JournalEvent
+
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement the cursor, with a changelog.")
+    handler = HookHandler(name="no-writer", event=Event.SUBAGENT_START, type="command", trusted=True)
+    store(
+        saga_id=saga.pk, key=hook_key(prompt.pk, Event.SUBAGENT_START, "writer"), event=Event.SUBAGENT_START,
+        handler=handler, role="writer", raw=Raw(duration_ms=12),
+        verdict=Verdict("blocked", reason="Writers are on leave."),
+    )  # fmt: skip
+
+    *_, prefixes = settings.AGORA_SAGA_PANELS["prompts"]
+    event = JournalEvent.objects.filter(saga=saga).latest("seq")
+    assert event.type == "hook_subagent_start" and any(event.type.startswith(p) for p in prefixes)
+    # Every hook event (and every orchestration event) refreshes the panel.
+    types = [r.journal_type for r in RULES.values()] + [
+        "prompt.submitted", "plan.created", "worker_start", "worker_end", "primary.completed", "review.completed",
+        "prompt.completed", "prompt.blocked", "prompt.failed",
+    ]  # fmt: skip
+    assert [t for t in types if not any(t.startswith(p) for p in prefixes)] == []
+    html = page_client(alice).get(f"/sagas/{saga.pk}/live/prompts/").content.decode()
+    assert 'data-hook="no-writer" data-event="SubagentStart" data-status="blocked"' in html
+    assert "SubagentStart (writer) <code>no-writer</code> blocked: Writers are on leave." in html
 
 
 def test_people_who_do_not_manage_get_no_prompt_box_and_cannot_submit(

@@ -131,7 +131,7 @@ def test_the_expected_json_is_normalized_with_the_handoff_ids() -> None:
         "summary": "Half done.",
         "risks": "flaky",
         "task_id": "forged",
-        "artifacts": [{"kind": "check", "uri": "t.py", "status": "failed"}, "junk"],
+        "artifacts": [{"kind": "check", "uri": "t.py", "status": "failed"}, 42, {"label": "no uri"}],
         "nextQuestions": ["Why?"],
     }
     result = handoffs.normalize_worker_result(output, PACKET)
@@ -145,6 +145,55 @@ def test_the_expected_json_is_normalized_with_the_handoff_ids() -> None:
         "risks": ["flaky"],
         "next_questions": ["Why?"],
     }
+
+
+def known_artifacts(names: list[str]) -> tuple[dict[str, dict[str, object]], list[str]]:
+    """A saga holding spec.md only (the real resolver is tested in test_references)."""
+    spec: dict[str, object] = {"kind": "artifact", "uri": "/api/v1/sagas/s1/artifacts/spec.md", "label": "spec.md"}
+    spec["name"] = "spec.md"
+    refs: dict[str, dict[str, object]] = {"spec.md": spec}
+    return {n: refs[n] for n in names if n in refs}, [n for n in names if n not in refs]
+
+
+def test_artifacts_a_worker_names_become_references_and_unknown_names_risks() -> None:
+    output = {
+        "summary": "Done.",
+        "risks": ["flaky"],
+        "artifacts": [
+            "spec.md",
+            {"kind": "artifact", "uri": "@artifact:spec.md", "label": "the spec"},  # the same one again
+            {"kind": "artifact", "name": "ghost.md"},
+            "artifact:ghost.md",
+            {"kind": "check", "uri": "t.py", "status": "failed"},
+        ],
+    }
+    seen: list[list[str]] = []
+
+    def resolve(names: list[str]) -> tuple[dict[str, dict[str, object]], list[str]]:
+        seen.append(names)
+        return known_artifacts(names)
+
+    result = handoffs.normalize_worker_result(output, PACKET, resolve=resolve)
+
+    assert seen == [["spec.md", "ghost.md"]]  # one lookup, each name once
+    assert result["artifacts"] == [
+        {"kind": "artifact", "uri": "/api/v1/sagas/s1/artifacts/spec.md", "label": "spec.md", "name": "spec.md"},
+        {"kind": "check", "uri": "t.py", "status": "failed"},
+    ]
+    assert result["risks"] == [
+        "flaky",
+        "Artifact ghost.md is not in this saga: the result names it, nothing was attached.",
+    ]
+    # A label the worker gave is kept; nothing to resolve means no lookup; no resolver finds nothing.
+    labelled = handoffs.normalize_worker_result(
+        {"summary": "x", "artifacts": [{"kind": "artifact", "uri": "spec.md", "label": "the spec"}]}, PACKET,
+        resolve=known_artifacts,
+    )  # fmt: skip
+    assert labelled["artifacts"][0]["label"] == "the spec"
+    assert handoffs.normalize_worker_result({"summary": "x"}, PACKET, resolve=resolve)["artifacts"] == []
+    assert len(seen) == 1
+    unresolved = handoffs.normalize_worker_result({"summary": "x", "artifacts": ["spec.md"]}, PACKET)
+    assert unresolved["artifacts"] == [] and "spec.md" in unresolved["risks"][0]
 
 
 def test_json_in_text_is_read() -> None:

@@ -5,9 +5,10 @@ import uuid
 
 import pytest
 from django.db import transaction
+from rest_framework.test import APIClient
 
 from accounts.models import User
-from agents.references import artifact_refs, expand_references, image_artifacts
+from agents.references import artifact_refs, expand_references, image_artifacts, resolve_artifacts
 from journal.actions import record
 from sagas import actions, errors
 from sagas.models import Run, Saga
@@ -118,6 +119,19 @@ def test_a_worker_result_references_artifacts_by_name(saga: Saga) -> None:
     ]
     with pytest.raises(errors.InvalidPayload, match="Unknown artifacts in this saga: nope"):
         artifact_refs(saga=saga, names=["spec.md", "nope"])
+
+
+def test_resolved_artifacts_are_context_references_to_their_download(saga: Saga, alice: User) -> None:
+    found, unknown = resolve_artifacts(saga=saga, names=["spec.md", "nope", "spec.md"])
+
+    assert unknown == ["nope"] and list(found) == ["spec.md"]
+    ref = found["spec.md"]
+    assert (ref["kind"], ref["label"]) == ("artifact", "spec.md")
+    assert ref["uri"] == f"/api/v1/sagas/{saga.pk}/artifacts/spec.md"
+    client = APIClient()
+    client.force_authenticate(alice)
+    download = client.get(ref["uri"])
+    assert download.status_code == 200 and download.content == b"# Spec\nOnly /v2 routes."
 
 
 def test_a_saga_summary_shows_only_the_events_the_reader_may_see(prior: Saga, alice: User, bob: User) -> None:

@@ -9,7 +9,7 @@ from redis import Redis
 
 from accounts.models import User
 from sagas import errors
-from sagas.actions import add_agent, answer_human_request, ask_human
+from sagas.actions import NewAgent, add_agent, add_agents, answer_human_request, ask_human
 from sagas.models import AgentRequest, Collaborator, HumanRequest
 from sagas.waits import hold_wait
 from tests.sagas.api_http import client_for, problem
@@ -43,6 +43,25 @@ def test_an_agent_adds_delegates_up_to_its_cap(team: Team, alice: User, settings
         add_agent(saga=team.saga, name="d4", role="r", task="t", runtime="external", by=alice, parent="agent:coder")
     delegate(team, "reviewer", "r1")
     assert not Collaborator.objects.filter(saga=team.saga, name__in=["d3", "d4"]).exists()
+
+
+def test_agents_added_at_once_must_all_fit_under_the_cap(team: Team, settings: LazySettings) -> None:
+    settings.AGORA_MAX_DELEGATES_PER_AGENT = 3  # coder already has tester: two more fit, not three
+    three = [NewAgent(name=f"batch{i}", role="r", task="t", runtime="external") for i in range(3)]
+    with pytest.raises(errors.TooManyDelegates):
+        add_agents(saga=team.saga, agents=three, by=team.user("coder"), parent="agent:coder")
+    assert not Collaborator.objects.filter(saga=team.saga, name__startswith="batch").exists()  # none of them
+
+    added = add_agents(saga=team.saga, agents=three[:2], by=team.user("coder"), parent="agent:coder")
+
+    assert [c.handle for c, _ in added] == ["agent:batch0", "agent:batch1"]
+    assert all(token for _, token in added)  # external agents get their token, once
+    with pytest.raises(errors.NameTaken, match="agent:batch1"):  # a name taken (or twice in one call): none added
+        add_agents(saga=team.saga, agents=[three[2], three[1]], by=team.user("lead"), parent="agent:lead")
+    with pytest.raises(errors.NameTaken, match="agent:x"):
+        x = NewAgent(name="x", role="r", task="t", runtime="external")
+        add_agents(saga=team.saga, agents=[x, x], by=team.user("lead"), parent="agent:lead")
+    assert not Collaborator.objects.filter(saga=team.saga, name__in=["batch2", "x"]).exists()
 
 
 def test_a_saga_holds_agents_up_to_its_cap(team: Team, alice: User, settings: LazySettings) -> None:

@@ -9,7 +9,7 @@ from guardian.shortcuts import get_perms
 
 from accounts.models import ApiToken, User, hash_token
 from sagas import errors
-from sagas.access import collaborator_card, visible_collaborators
+from sagas.access import collaborator_card, may_address, visible_collaborators
 from sagas.actions import add_agent, add_human, create_saga
 from sagas.models import Collaborator, Delegation, Run, Saga
 from tests.sagas.kernel import Team, field_errors, journal, last_seq, profile_named, queued_turns
@@ -173,6 +173,32 @@ def test_an_internal_agent_gets_a_queued_run_and_its_first_turn_is_rung_after_co
     assert not ApiToken.objects.filter(user=agent.user).exists()
     assert agent.run.status == Run.Status.QUEUED
     assert queued_turns(redis_url) == [agent.run.pk]
+
+
+def test_agents_added_at_once_are_each_what_add_agent_makes_and_one_may_wait_to_be_run(
+    team: Team, alice: User, redis_url: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    from sagas.actions import NewAgent, add_agents
+
+    responder = profile_named("responder")
+    with django_capture_on_commit_callbacks(execute=True):
+        added = add_agents(
+            saga=team.saga, by=alice, parent="agent:coder",
+            agents=[NewAgent(name=f"w{i}", role="Worker", task=f"Part {i}", runtime="internal", profile=responder,
+                             ring=i > 0) for i in range(3)],
+        )  # fmt: skip
+
+    agents = [c for c, _ in added]
+    assert [a.handle for a in agents] == ["agent:w0", "agent:w1", "agent:w2"]
+    for agent in agents:
+        agent.refresh_from_db()
+        assert agent.delegation.delegator.handle == "agent:coder" and agent.run.status == Run.Status.QUEUED
+        assert alice.has_perm("sagas.view_saga", team.saga) and agent.user.has_perm("sagas.view_saga", team.saga)
+    # w0's caller runs it itself: only the others' first turns were rung.
+    assert sorted(queued_turns(redis_url)) == sorted(a.run.pk for a in agents[1:])
+    assert journal(team.saga)[-3:] == [("collaborator.joined", "human:alice")] * 3
+    # Each may address its delegator, as after add_agent (the saga's policy grants it).
+    assert all(may_address(a, team["coder"]) for a in agents)
 
 
 def test_add_human_grants_view_and_journals_the_manager(team: Team, alice: User, mallory: User) -> None:
