@@ -81,6 +81,16 @@ def group(pgid: int) -> list[int]:
     return pids
 
 
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process in MB (0 when it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    line = next((line for line in status.splitlines() if line.startswith("VmRSS:")), "VmRSS: 0 kB")
+    return int(line.split()[1]) / 1024
+
+
 def machine_busy() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine since boot, all cores (/proc/stat)."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -176,6 +186,7 @@ class Load:
     client: float
     machine_busy: float  # cores busy, whole machine
     redis_calls: Counter[str] = field(default_factory=Counter)
+    rss_mb: list[float] = field(default_factory=list)  # the worker's processes, main first
 
     @property
     def turns_per_s(self) -> float:
@@ -199,6 +210,7 @@ def measure_load(agora: Agora, worker: Worker, redis: Any, pairs: int, asks: int
         worker=spent(before.worker, after.worker), database=spent(before.database, after.database),
         redis=after.redis_cpu - before.redis_cpu, client=after.client - before.client, machine_busy=busy,
         redis_calls=after.redis_calls - before.redis_calls,
+        rss_mb=[rss_mb(pid) for pid in sorted(group(worker.proc.pid), key=lambda p: p != worker.proc.pid)],
     )  # fmt: skip
 
 
@@ -339,6 +351,9 @@ def report(args: argparse.Namespace, postgres: bool, loads: dict[int, list[Load]
     row("turns per worker CPU-second (turns/s per worker core)",
         [f"{v:.0f}" for v in m(lambda x: x.turns_per_rtt * x.round_trips / x.worker)])  # fmt: skip
     row("Redis commands per round trip", [f"{v:.1f}" for v in m(lambda x: x.redis_calls.total() / x.round_trips)])
+    row("memory per worker process, RSS MB: main / pool process",
+        [f"{med([x.rss_mb[0] for x in loads[c]]):.0f} / {med([med(x.rss_mb[1:]) for x in loads[c]]):.0f}"
+         for c in configs])  # fmt: skip
     for c in configs:
         load = loads[c][-1]
         print(f"    -c {c}, last round, Redis commands per round trip: {top(load.redis_calls, load.round_trips)}")
@@ -373,8 +388,11 @@ def report(args: argparse.Namespace, postgres: bool, loads: dict[int, list[Load]
     row(f"worker: {load.cores(load.worker):.2f} cores busy of {best} pool processes",
         [f"{load.cores(load.worker) / best:.0%}"])  # fmt: skip
     row("Redis: of its one core", [f"{load.cores(load.redis):.0%}"])
-    writer = "the saga locks (sum over sagas)" if postgres else "SQLite's writer"
-    row(f"{writer}: time inside transactions x rate", [f"{per.in_transaction_ms * load.rate / 1000:.0%}"])
+    if postgres:  # each pair has a saga, and so a lock, of its own
+        row(f"one saga's lock: time inside transactions x its rate (1/{args.pairs})",
+            [f"{per.in_transaction_ms * load.rate / args.pairs / 1000:.0%}"])  # fmt: skip
+    else:
+        row("SQLite's one writer: time inside transactions x rate", [f"{per.in_transaction_ms * load.rate / 1000:.0%}"])
     if postgres:
         row(f"PostgreSQL backends: of {cores} cores", [f"{load.cores(load.database) / cores:.0%}"])
     row(f"whole machine: of {cores} cores", [f"{load.machine_busy / cores:.0%}"])
