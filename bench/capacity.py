@@ -360,8 +360,9 @@ def report(args: argparse.Namespace, postgres: bool, loads: dict[int, list[Load]
 
     print(f"\none round trip, counted in process ({per.round_trips} round trips of one pair, turns one at a time):")
     row("turns per round trip", [f"{per.turns:.2f}"])
-    row("SQL statements per round trip", [f"{per.statements:.1f}"])
-    row("transactions (commits) per round trip", [f"{per.transactions:.1f}"])
+    row("SQL statements per round trip / per turn", [f"{per.statements:.1f} / {per.statements / per.turns:.1f}"])
+    row("transactions (commits) per round trip / per turn",
+        [f"{per.transactions:.1f} / {per.transactions / per.turns:.1f}"])  # fmt: skip
     row("time inside transactions per round trip: ms", [f"{per.in_transaction_ms:.2f}"])
     row("Redis commands per round trip (no worker fetching)", [f"{per.redis_calls.total() / per.round_trips:.1f}"])
     print(f"    {top(per.redis_calls, per.round_trips)}")
