@@ -132,3 +132,16 @@ def insert(instance: M) -> M:
             (instance.pk,) = cursor.fetchone()
     instance._state.adding, instance._state.db = False, conn.alias
     return instance
+
+
+def defer(sql: str, params: Sequence[Any]) -> None:
+    """Run a write whose outcome the caller does not read (no result, no row count). On
+    PostgreSQL it goes in one message with the transaction's next statement or its COMMIT
+    (config/postgresql/base.py): a failure then fails the transaction there, so only for writes
+    whose failure fails the transaction anyway. Elsewhere it runs at once."""
+    conn = db()
+    if later := getattr(conn, "defer", None):
+        later(sql, params)
+        return
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
