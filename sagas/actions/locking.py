@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from config.sql import defer
 from sagas import errors
 from sagas.models import Saga
 
@@ -32,17 +33,21 @@ def lock_saga(saga_id: Any) -> Saga:
     return saga
 
 
+_LOCK_SQL = f"SELECT 1 FROM {Saga._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
+
+
 @contextmanager
 def saga_transaction(saga: Saga) -> Iterator[Saga]:
     """A transaction that takes the saga's lock first and holds it to the end, for callers that
     run several actions in one transaction (a turn of an internal run).
 
-    On SQLite, BEGIN IMMEDIATE has already taken the database's one write lock, and a saga's row
-    never changes after it is created: the caller's copy serves, and nothing is read.
+    A saga's row never changes after it is created: the caller's copy serves, and nothing is read.
+    On SQLite, BEGIN IMMEDIATE has already taken the database's one write lock; elsewhere the row
+    lock goes first, in one message with the transaction's first statement (config.sql.defer).
     """
     with transaction.atomic():
         if connection.vendor != "sqlite":
-            saga = lock_saga(saga.pk)
+            defer(_LOCK_SQL, [saga.pk])
         token = _held_lock.set(saga)
         try:
             yield saga

@@ -111,7 +111,7 @@ def consume_steering(
         item.request = request
     consumed: list[SteeringItem] = [item for item, _ in rows]
     now = timezone.now()
-    update(SteeringItem, {"id": [i.pk for i in consumed]}, consumed_at=now, consumed_turn=turn)
+    update(SteeringItem, {"id": [i.pk for i in consumed]}, later=True, consumed_at=now, consumed_turn=turn)
     for item in consumed:
         item.consumed_at, item.consumed_turn = now, turn
     requests = [i.request_id for i in consumed if i.kind == SteeringItem.Kind.REQUEST and i.request_id]

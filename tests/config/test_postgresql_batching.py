@@ -56,13 +56,12 @@ def rows(table: str) -> list[tuple[int, str]]:
 
 def test_begin_savepoints_and_a_deferred_write_ride_with_statements(table: str) -> None:
     connection.ensure_connection()
-    with wire() as sent:
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(f"INSERT INTO {table} VALUES (%s, %s)", [1, "first"])
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(f"INSERT INTO {table} VALUES (%s, %s)", [2, "in a savepoint"])
-            defer(f"INSERT INTO {table} VALUES (%s, %s)", [3, "100% deferred"])
+    with wire() as sent, transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"INSERT INTO {table} VALUES (%s, %s)", [1, "first"])
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"INSERT INTO {table} VALUES (%s, %s)", [2, "in a savepoint"])
+        defer(f"INSERT INTO {table} VALUES (%s, %s)", [3, "100% deferred"])
     messages = sent()
     assert len(messages) == 3, messages  # with psycopg's own BEGIN and Django's savepoints: 7
     assert messages[0].startswith("BEGIN; INSERT")
@@ -73,9 +72,8 @@ def test_begin_savepoints_and_a_deferred_write_ride_with_statements(table: str) 
 
 def test_a_transaction_in_which_nothing_runs_sends_nothing() -> None:
     connection.ensure_connection()
-    with wire() as sent:
-        with transaction.atomic(), transaction.atomic():
-            pass
+    with wire() as sent, transaction.atomic(), transaction.atomic():
+        pass
     assert sent() == []
 
 
