@@ -143,6 +143,7 @@ def insert(instance: M, *, later: bool = False) -> M:
     instance._state.adding, instance._state.db = False, conn.alias
     return instance
 
+
 def defer(sql: str, params: Sequence[Any]) -> None:
     """Run a statement whose outcome the caller does not read (no result, no row count). On
     PostgreSQL it goes in one message with the transaction's next statement or its COMMIT

@@ -23,8 +23,10 @@ Django's backend.
 
 from typing import Any
 
-from django.db.backends.postgresql import base
+from django.db.backends.postgresql import base as django_base
 from psycopg import IsolationLevel, pq
+
+base: Any = django_base  # its stubs describe little of it
 
 IDLE = pq.TransactionStatus.IDLE
 
@@ -88,12 +90,12 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def _savepoint(self, sid: str) -> None:
         if not self.batches:
-            return super()._savepoint(sid)  # type: ignore[no-any-return]
+            return super()._savepoint(sid)
         self.connection.agora_pending.append(self.ops.savepoint_create_sql(sid))
 
     def _savepoint_commit(self, sid: str) -> None:
         if not self.batches:
-            return super()._savepoint_commit(sid)  # type: ignore[no-any-return]
+            return super()._savepoint_commit(sid)
         if (at := self.unsent(sid)) is not None:  # nothing ran in it: nothing to release
             del self.connection.agora_pending[at:]
         else:
@@ -101,7 +103,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def _savepoint_rollback(self, sid: str) -> None:
         if not self.batches:
-            return super()._savepoint_rollback(sid)  # type: ignore[no-any-return]
+            return super()._savepoint_rollback(sid)
         if (at := self.unsent(sid)) is not None:  # what followed it is dropped; it stays, unsent
             del self.connection.agora_pending[at + 1 :]
         else:

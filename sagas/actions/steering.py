@@ -24,7 +24,7 @@ _NEXT_STEERING_SEQ_SQL = f"UPDATE {Collaborator._meta.db_table} SET steering_seq
 _PUSHED = ("kind", "sender", "request", "human_request", "broadcast", "payload", "created_at")
 _PUSH_SQL = (
     f"INSERT INTO {SteeringItem._meta.db_table} (recipient_id, seq, "
-    + ", ".join(SteeringItem._meta.get_field(name).column for name in _PUSHED)  # type: ignore[misc]
+    + ", ".join(SteeringItem._meta.get_field(name).column for name in _PUSHED)  # type: ignore[union-attr, misc]
     + f") SELECT id, steering_seq, {', '.join(['%s'] * len(_PUSHED))} FROM {Collaborator._meta.db_table} "
     "WHERE id = %s RETURNING id, seq"
 )
