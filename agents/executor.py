@@ -28,7 +28,7 @@ from agents.orchestrator.tasks import advance_after, is_brain_worker
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
 from config import metrics
-from config.sql import columns, db_value, fetch_one, py_value
+from config.sql import columns, db_value, defer, fetch_one, py_value
 from journal.actions import record
 from sagas import actions
 from sagas.metrics import count_round_trip
@@ -441,8 +441,8 @@ class Transcript:
             for seq, turn, message, tokens in self.unsaved
             for value in (self.run_id, seq, turn, db_value(TranscriptEntry, "message", message), tokens, created)
         ]
-        with connection.cursor() as cursor:
-            cursor.execute(_INSERT_SQL + ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(self.unsaved)), params)
+        # Nothing reads its outcome, and it ends the transaction: on PostgreSQL it goes with the COMMIT.
+        defer(_INSERT_SQL + ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(self.unsaved)), params)
         self.unsaved = []
 
 

@@ -93,9 +93,10 @@ def fetch_one(sql: str, params: Sequence[Any], *shape: type[models.Model]) -> li
     return rows[0] if rows else None
 
 
-def update(model: type[models.Model], where: dict[str, Any], **changes: Any) -> int:
+def update(model: type[models.Model], where: dict[str, Any], *, later: bool = False, **changes: Any) -> int:
     """`model.objects.filter(**where).update(**changes)` as one plain statement, for equality (a
-    list or tuple value: any of them). The number of rows it changed."""
+    list or tuple value: any of them). The number of rows it changed; with `later` it is deferred
+    (defer()) and returns -1."""
     meta = model._meta
     sets = [f'"{meta.get_field(name).column}" = %s' for name in changes]  # type: ignore[union-attr]
     params = [db_value(model, name, value) for name, value in changes.items()]
@@ -104,8 +105,12 @@ def update(model: type[models.Model], where: dict[str, Any], **changes: Any) -> 
         values = value if isinstance(value, list | tuple) else [value]
         conditions.append(f'"{meta.get_field(name).column}" IN ({", ".join(["%s"] * len(values))})')  # type: ignore[union-attr]
         params += [db_value(model, name, v) for v in values]
+    sql = f"UPDATE {meta.db_table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"
+    if later:
+        defer(sql, params)
+        return -1
     with db().cursor() as cursor:
-        cursor.execute(f"UPDATE {meta.db_table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}", params)
+        cursor.execute(sql, params)
         return int(cursor.rowcount)
 
 
@@ -120,15 +125,33 @@ def insert_sql(model: type[models.Model], vendor: str) -> tuple[str, tuple[Any, 
     return (sql + f" RETURNING {meta.pk.column}" if auto_pk else sql), fields, auto_pk
 
 
-def insert(instance: M) -> M:
+def insert(instance: M, *, later: bool = False) -> M:
     """Save a new instance with one plain INSERT, as save(force_insert=True) would (defaults,
-    auto_now_add), but without the ORM's compile step and signals."""
+    auto_now_add), but without the ORM's compile step and signals. With `later`, deferred
+    (defer()): for a model whose primary key is not the database's to make."""
     conn = db()
     sql, fields, auto_pk = insert_sql(type(instance), conn.vendor)
     params = [f.get_db_prep_save(f.pre_save(instance, True), conn) for f in fields]
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        if auto_pk:
-            (instance.pk,) = cursor.fetchone()
+    if later:
+        assert not auto_pk, "a deferred INSERT returns no key"
+        defer(sql, params)
+    else:
+        with conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            if auto_pk:
+                (instance.pk,) = cursor.fetchone()
     instance._state.adding, instance._state.db = False, conn.alias
     return instance
+
+
+def defer(sql: str, params: Sequence[Any]) -> None:
+    """Run a statement whose outcome the caller does not read (no result, no row count). On
+    PostgreSQL it goes in one message with the transaction's next statement or its COMMIT
+    (config/postgresql/base.py): a failure then fails the transaction there, so only for writes
+    whose failure fails the transaction anyway. Elsewhere it runs at once."""
+    conn = db()
+    if queue := getattr(conn, "defer", None):
+        queue(sql, params)
+        return
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)

@@ -7,22 +7,30 @@ from uuid import UUID
 
 from channels.layers import get_channel_layer
 from django.db import connection, transaction
+from django.utils import timezone
 
 from config.notify import notifier
-from config.sql import db_value, insert
+from config.sql import db_value, defer, py_value
 from journal.models import JournalEvent, JournalHead
 
 logger = logging.getLogger(__name__)
 
 # Two plain statements, no ORM compile (config/sql.py): every change in Agora writes here, several
 # times per agent turn. The first allocates the next seq: it inserts the saga's head row or bumps
-# it, and returns the new value. The row lock it takes is held until commit, so a saga's writers
-# run one after another (SQLite serialises all writers anyway): seqs are gap-free and appear in
-# commit order.
+# it, with the event's time, never earlier than the previous event's. The row lock it takes is held
+# until commit, so a saga's writers run one after another (SQLite serialises all writers anyway):
+# seqs are gap-free and appear in commit order, and seq order is time order. The second inserts
+# the event with the head's seq and time. Nothing waits for the first one's answer: on PostgreSQL
+# both go in one message (config.sql.defer).
+_HEAD = JournalHead._meta.db_table
 _NEXT_SEQ_SQL = (
-    f"INSERT INTO {JournalHead._meta.db_table} (saga_id, last_seq) VALUES (%s, 1) "
-    f"ON CONFLICT (saga_id) DO UPDATE SET last_seq = {JournalHead._meta.db_table}.last_seq + 1 "
-    "RETURNING last_seq"
+    f"INSERT INTO {_HEAD} (saga_id, last_seq, last_at) VALUES (%s, 1, %s) ON CONFLICT (saga_id) DO UPDATE "
+    f"SET last_seq = {_HEAD}.last_seq + 1, "
+    f"last_at = CASE WHEN {_HEAD}.last_at > EXCLUDED.last_at THEN {_HEAD}.last_at ELSE EXCLUDED.last_at END"
+)
+_INSERT_EVENT_SQL = (
+    f"INSERT INTO {JournalEvent._meta.db_table} (saga_id, seq, type, actor, run_id, data, created_at) "
+    f"SELECT saga_id, last_seq, %s, %s, %s, %s, last_at FROM {_HEAD} WHERE saga_id = %s RETURNING id, seq, created_at"
 )
 
 
@@ -43,12 +51,14 @@ def record(
     *, saga_id: UUID | str, type: str, actor: str = "", run_id: str = "", data: dict[str, Any] | None = None
 ) -> JournalEvent:
     """Append one event to a saga's journal, in the caller's transaction; it is published after commit."""
+    saga = db_value(JournalEvent, "saga", saga_id)
+    defer(_NEXT_SEQ_SQL, [saga, db_value(JournalEvent, "created_at", timezone.now())])
+    event = JournalEvent(saga_id=saga_id, type=type, actor=actor, run_id=run_id, data=data or {})
     with connection.cursor() as cursor:
-        cursor.execute(_NEXT_SEQ_SQL, [db_value(JournalEvent, "saga", saga_id)])
-        (seq,) = cursor.fetchone()
-    # Stamped (auto_now_add) once the seq is taken, while the saga's other writers wait: seq order
-    # is time order.
-    event = insert(JournalEvent(saga_id=saga_id, seq=seq, type=type, actor=actor, run_id=run_id, data=data or {}))
+        cursor.execute(_INSERT_EVENT_SQL, [type, actor, run_id, db_value(JournalEvent, "data", event.data), saga])
+        event.pk, event.seq, created_at = cursor.fetchone()
+    event.created_at = py_value(JournalEvent, "created_at", created_at)
+    event._state.adding, event._state.db = False, connection.alias
     transaction.on_commit(partial(publish, saga_id, event.as_dict()))
     return event
 

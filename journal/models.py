@@ -12,6 +12,9 @@ class JournalHead(models.Model):
 
     saga = models.OneToOneField("sagas.Saga", on_delete=models.CASCADE, primary_key=True, related_name="+")
     last_seq = models.PositiveBigIntegerField()
+    # The created_at of that event: the next one is stamped no earlier, so seq order is time order
+    # even for writers whose clocks were read before they took their turn (journal/actions.py).
+    last_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.saga_id}: {self.last_seq}"

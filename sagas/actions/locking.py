@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from config.sql import defer
 from sagas import errors
 from sagas.models import Saga
 
@@ -38,7 +39,7 @@ def lock_open_saga(saga_id: Any) -> Saga:
     work (replies, cancellations, a turn coming to rest, shutdowns) takes lock_saga() and goes on."""
     saga = lock_saga(saga_id)
     status = saga.status
-    if _held_lock.get() is saga and connection.vendor == "sqlite":
+    if _held_lock.get() is saga:
         # The copy saga_transaction() was given may have been read before a finish that committed
         # ahead of this transaction (an orchestration step's copy, read before its router call).
         status = Saga.objects.filter(pk=saga.pk).values_list("status", flat=True).first() or status
@@ -47,19 +48,24 @@ def lock_open_saga(saga_id: Any) -> Saga:
     return saga
 
 
+_LOCK_SQL = f"SELECT 1 FROM {Saga._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
+
+
 @contextmanager
 def saga_transaction(saga: Saga) -> Iterator[Saga]:
     """A transaction that takes the saga's lock first and holds it to the end, for callers that
     run several actions in one transaction (a turn of an internal run).
 
-    On SQLite, BEGIN IMMEDIATE has already taken the database's one write lock, and the caller's
-    copy serves: nothing is read. Its one column that changes, `status`, changes only in
-    finish_saga(), which ends every run of the saga in the same transaction; a turn's transaction
-    starts by proving its run's lease (take_turn, renew_lease), so none acts on a finished saga.
+    The caller's copy serves and nothing is read. On SQLite, BEGIN IMMEDIATE has already taken the
+    database's one write lock; elsewhere the row lock goes first, in one message with the
+    transaction's first statement (config.sql.defer). The row's one column that changes, `status`,
+    changes only in finish_saga(), which ends every run of the saga in the same transaction; a
+    turn's transaction starts by proving its run's lease (take_turn, renew_lease), so none acts on a
+    finished saga, and lock_open_saga() reads the status again for the writes that start work.
     """
     with transaction.atomic():
         if connection.vendor != "sqlite":
-            saga = lock_saga(saga.pk)
+            defer(_LOCK_SQL, [saga.pk])
         token = _held_lock.set(saga)
         try:
             yield saga

@@ -84,14 +84,16 @@ def ask_agent(
         wait_deadline=now + timedelta(seconds=wait_s) if mode == AgentRequest.Mode.WAIT else None,
         expires_at=now + timedelta(seconds=settings.AGORA_REQUEST_TTL_S),
     )  # fmt: skip
-    try:
-        with transaction.atomic():
-            insert(request)
-    except IntegrityError:  # its key was used before: answer with that request (or a conflict)
-        first = replay(sender, idempotency_key, digest) if idempotency_key else None
-        if first is None:
-            raise
-        return first, False
+    if not idempotency_key:  # nothing to conflict with: nobody waits for its answer
+        insert(request, later=True)
+    else:
+        try:
+            with transaction.atomic():
+                insert(request)
+        except IntegrityError:  # its key was used before: answer with that request (or a conflict)
+            if (first := replay(sender, idempotency_key, digest)) is None:
+                raise
+            return first, False
     # A finished run reaching this point is resumable: the new request restarts it.
     resumed = run.is_finished and Run.objects.filter(pk=run.pk, status__in=Run.FINISHED).update(status=Run.Status.IDLE)
     push_steering(

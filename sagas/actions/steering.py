@@ -7,7 +7,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, fetch, insert, update
+from config.sql import columns, db, defer, fetch, update
 from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
@@ -18,9 +18,16 @@ from sagas.metrics import count_round_trips
 from sagas.models import AgentRequest, Broadcast, Collaborator, HumanRequest, Run, Saga, SteeringItem
 from sagas.wakeups import publish_after_commit, ring_run_after_commit, steering_channel
 
-# Every request and reply goes through push_steering(): plain statements for its two updates.
-_NEXT_STEERING_SEQ_SQL = (
-    f"UPDATE {Collaborator._meta.db_table} SET steering_seq = steering_seq + 1 WHERE id = %s RETURNING steering_seq"
+# Every request and reply goes through push_steering(): plain statements. The first takes the
+# recipient's next seq; nothing waits for its answer, the insert reads it back (on PostgreSQL both go
+# in one message: config.sql.defer).
+_NEXT_STEERING_SEQ_SQL = f"UPDATE {Collaborator._meta.db_table} SET steering_seq = steering_seq + 1 WHERE id = %s"
+_PUSHED = ("kind", "sender", "request", "human_request", "broadcast", "payload", "created_at")
+_PUSH_SQL = (
+    f"INSERT INTO {SteeringItem._meta.db_table} (recipient_id, seq, "
+    + ", ".join(SteeringItem._meta.get_field(name).column for name in _PUSHED)  # type: ignore[union-attr, misc]
+    + f") SELECT id, steering_seq, {', '.join(['%s'] * len(_PUSHED))} FROM {Collaborator._meta.db_table} "
+    "WHERE id = %s RETURNING id, seq"
 )
 _WAKE_SQL = f"UPDATE {Run._meta.db_table} SET status = %s WHERE collaborator_id = %s AND status = %s RETURNING id"
 
@@ -36,13 +43,18 @@ def push_steering(
     payload: Any = None,
 ) -> SteeringItem:
     """Append to the recipient's steering and wake it after commit; never interrupts a running turn."""
-    with connection.cursor() as cursor:
-        cursor.execute(_NEXT_STEERING_SEQ_SQL, [recipient.pk])
-        (seq,) = cursor.fetchone()
-    item = insert(SteeringItem(
-        recipient=recipient, seq=seq, kind=kind, sender=sender, request=request, human_request=human_request,
+    item = SteeringItem(
+        recipient=recipient, kind=kind, sender=sender, request=request, human_request=human_request,
         broadcast=broadcast, payload=payload,
-    ))  # fmt: skip
+    )  # fmt: skip
+    conn = db()
+    fields = [SteeringItem._meta.get_field(name) for name in _PUSHED]
+    params = [f.get_db_prep_save(f.pre_save(item, True), conn) for f in fields]  # type: ignore[union-attr]
+    defer(_NEXT_STEERING_SEQ_SQL, [recipient.pk])
+    with conn.cursor() as cursor:
+        cursor.execute(_PUSH_SQL, [*params, recipient.pk])
+        item.pk, item.seq = cursor.fetchone()
+    item._state.adding, item._state.db = False, conn.alias
     wake(recipient)
     return item
 
@@ -100,7 +112,7 @@ def consume_steering(
         item.request = request
     consumed: list[SteeringItem] = [item for item, _ in rows]
     now = timezone.now()
-    update(SteeringItem, {"id": [i.pk for i in consumed]}, consumed_at=now, consumed_turn=turn)
+    update(SteeringItem, {"id": [i.pk for i in consumed]}, later=True, consumed_at=now, consumed_turn=turn)
     for item in consumed:
         item.consumed_at, item.consumed_turn = now, turn
     count_round_trips(consumed, at=now)

@@ -1,0 +1,119 @@
+"""The PostgreSQL backend (config/postgresql/base.py) sends a transaction's BEGIN, its savepoints
+and its deferred writes in one message with the next statement or the COMMIT: fewer round trips,
+the same statements in the same order, the same outcome. Round trips are counted from the wire,
+with libpq's protocol trace: each ends with the server's ReadyForQuery."""
+
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from psycopg import pq
+
+from config.sql import defer
+
+pytestmark = [
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="the PostgreSQL backend's"),
+    pytest.mark.django_db(transaction=True),
+]
+
+
+@pytest.fixture
+def table() -> Iterator[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TEMPORARY TABLE batching_probe (id integer PRIMARY KEY, note text NOT NULL)")
+    yield "batching_probe"
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE batching_probe")
+
+
+@contextmanager
+def wire() -> Iterator[Callable[[], list[str]]]:
+    """The messages sent to the server meanwhile (their text), one per round trip."""
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile() as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        lines: list[str] = []
+        try:
+            yield lambda: lines
+        finally:
+            pgconn.untrace()
+            trace.seek(0)
+            lines += trace.read().decode().splitlines()
+    trips = sum(1 for line in lines if "\tReadyForQuery\t" in line)
+    sent = [line.split("\t")[3].strip().strip('"') for line in lines if line.startswith("F\t") and "\tQuery\t" in line]
+    assert len(sent) == trips, lines  # every message was a simple query answered before the next
+    lines[:] = sent
+
+
+def rows(table: str) -> list[tuple[int, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id, note FROM {table} ORDER BY id")
+        return list(cursor.fetchall())
+
+
+def test_begin_savepoints_and_a_deferred_write_ride_with_statements(table: str) -> None:
+    connection.ensure_connection()
+    with wire() as sent, transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"INSERT INTO {table} VALUES (%s, %s)", [1, "first"])
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"INSERT INTO {table} VALUES (%s, %s)", [2, "in a savepoint"])
+        defer(f"INSERT INTO {table} VALUES (%s, %s)", [3, "100% deferred"])
+    messages = sent()
+    assert len(messages) == 3, messages  # with psycopg's own BEGIN and Django's savepoints: 7
+    assert messages[0].startswith("BEGIN; INSERT")
+    assert messages[1].startswith("SAVEPOINT") and "; INSERT" in messages[1]
+    assert messages[2].endswith("; COMMIT") and "100% deferred" in messages[2]
+    assert rows(table) == [(1, "first"), (2, "in a savepoint"), (3, "100% deferred")]
+
+
+def test_a_transaction_in_which_nothing_runs_sends_nothing() -> None:
+    connection.ensure_connection()
+    with wire() as sent, transaction.atomic(), transaction.atomic():
+        pass
+    assert sent() == []
+
+
+def test_a_rolled_back_savepoint_undoes_its_writes_deferred_or_not(table: str) -> None:
+    with transaction.atomic():
+        defer(f"INSERT INTO {table} VALUES (%s, %s)", [1, "before the savepoint"])
+        with pytest.raises(RuntimeError), transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(f"INSERT INTO {table} VALUES (%s, %s)", [2, "undone"])
+            defer(f"INSERT INTO {table} VALUES (%s, %s)", [3, "undone, never sent"])
+            raise RuntimeError
+        with pytest.raises(RuntimeError), transaction.atomic():
+            defer(f"INSERT INTO {table} VALUES (%s, %s)", [4, "undone, never sent"])
+            raise RuntimeError
+        defer(f"INSERT INTO {table} VALUES (%s, %s)", [5, "after"])
+    assert rows(table) == [(1, "before the savepoint"), (5, "after")]
+
+
+def test_a_failing_deferred_write_fails_its_transaction_at_commit(table: str) -> None:
+    with pytest.raises(IntegrityError), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"INSERT INTO {table} VALUES (%s, %s)", [1, "kept only if all is"])
+        defer(f"INSERT INTO {table} VALUES (%s, %s)", [1, "a duplicate key"])
+    assert rows(table) == []
+    with transaction.atomic():  # the connection is usable again
+        defer(f"INSERT INTO {table} VALUES (%s, %s)", [2, "next"])
+    assert rows(table) == [(2, "next")]
+
+
+def test_a_failing_statement_rolls_back_to_its_savepoint_with_what_went_before_it(table: str) -> None:
+    with transaction.atomic():
+        defer(f"INSERT INTO {table} VALUES (%s, %s)", [1, "kept"])
+        with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"INSERT INTO {table} VALUES (%s, %s)", [1, "a duplicate of the deferred write"])
+        with connection.cursor() as cursor:
+            cursor.execute(f"INSERT INTO {table} VALUES (%s, %s)", [2, "after the failure"])
+    assert rows(table) == [(1, "kept"), (2, "after the failure")]
+
+
+def test_outside_a_transaction_a_deferred_write_runs_at_once(table: str) -> None:
+    defer(f"INSERT INTO {table} VALUES (%s, %s)", [1, "now"])
+    assert connection.connection.info.transaction_status == pq.TransactionStatus.IDLE
+    assert rows(table) == [(1, "now")]
