@@ -214,7 +214,7 @@ def test_a_worker_killed_mid_subagent_start_runs_no_finished_handler_again(
     body = client.get(f"/api/v1/prompts/{started['prompt_id']}/").json()
     assert body["status"] == "completed" and body["results"][0]["summary"] == "Tested.", body
     assert count.read_text() == "ran\n"  # quick ran once, before the crash
-    assert sorted(e["handler"] for e in hook_events(saga, "hook_subagent_start")) == ["quick", "stuck"]
+    assert sorted(str(e["handler"]) for e in hook_events(saga, "hook_subagent_start")) == ["quick", "stuck"]
     (call,) = fake_llm.calls_for("tester-m")
     assert "Quick context.\\n\\nLate." in request_text(call)  # both contexts, in the handoff's JSON
 
