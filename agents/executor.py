@@ -22,8 +22,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents import scripted
+from agents.hooks.lifecycle import CONTEXT_HEADING
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
+from agents.orchestrator import starts
 from agents.orchestrator.tasks import advance_after, is_brain_worker
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
@@ -137,13 +139,17 @@ class Turns:
         self.transcript = Transcript(run.pk)
         self.mcp = mcp.RunTools(run.pk, self.profile.mcp_servers if self.profile else [])
         self.outside: dict[str, Any] | None = None  # an MCP call to make outside any transaction
+        self.context = ""  # what a prompt's SubagentStart hooks added to this worker's task
 
     # --- the shape of a turn ----------------------------------------------------------------
 
     def execute(self) -> None:
         with self.transaction(claim=True):
             self.transcript = take_transcript(self.run.pk)
-            go_on = self.begin()
+            pending = self.pending_start()
+            go_on = pending is not None or self.begin()
+        if pending is not None:
+            go_on = self.start_hooks(pending)
         while go_on:
             if self.outside is not None:
                 go_on = self.call_outside()
@@ -151,6 +157,24 @@ class Turns:
             completion, latency_ms = self.call_models(self.transcript.messages)
             with self.transaction():
                 go_on = self.conclude(completion, latency_ms)
+
+    def pending_start(self) -> "starts.Pending | None":
+        """A prompt's support worker before its first input: the SubagentStart hooks it must run."""
+        if self.transcript.messages or not is_brain_worker(self.collaborator.name):
+            return None
+        return starts.pending_start(self.saga_id, self.collaborator.name)
+
+    def start_hooks(self, pending: "starts.Pending") -> bool:
+        """Its SubagentStart hooks, before its first model call and outside any transaction (the
+        heartbeat keeps the lease meanwhile); a block fails this worker only, with the reason."""
+        start = starts.run_start(pending)
+        with self.transaction():
+            if start.blocked:
+                self.journal("worker_start", {"role": self.collaborator.role, "task": self.collaborator.task,
+                                              "worker": self.worker})  # fmt: skip
+                return self.finish(Run.Status.FAILED, result={"blocked": start.blocked}, error=start.blocked)
+            self.context = start.context
+            return self.begin()
 
     @contextmanager
     def transaction(self, *, claim: bool = False) -> Iterator[None]:
@@ -299,7 +323,10 @@ class Turns:
         ).strip()
 
     def first_input(self) -> str:
-        handoff = {"task": self.collaborator.task, "role": self.collaborator.role}
+        task = (
+            f"{self.collaborator.task}\n\n{CONTEXT_HEADING}\n{self.context}" if self.context else self.collaborator.task
+        )
+        handoff = {"task": task, "role": self.collaborator.role}
         delegation = getattr(self.collaborator, "delegation", None)
         if delegation is not None:
             handoff["from"] = delegation.delegator.handle

@@ -10,9 +10,10 @@ run twice (two doorbells, a redelivery after kill -9) loses the compare-and-set 
 so no second set of delegations is ever created and no finished worker runs again.
 
 Lifecycle hooks wrap the steps, always before the step's transaction (a handler may take its whole
-timeout): SessionStart, reference expansion and UserPromptSubmit before routing, SubagentStart
-before each support worker is started, SubagentStop once its result is in, Stop before the prompt
-ends. Each run is keyed (`hook_key`), so a step run again finds the finished handlers stored.
+timeout): SessionStart, reference expansion and UserPromptSubmit before routing, SubagentStop once
+a worker's result is in, Stop before the prompt ends. SubagentStart runs in each support worker's
+own task, before its first model call (`starts`), so that the workers' hooks run side by side.
+Each run is keyed (`hook_key`), so a step run again finds the finished handlers stored.
 """
 
 import json
@@ -27,7 +28,7 @@ from django.utils import timezone
 
 from agents import references
 from agents.hooks import Event, PreparedPrompt, hook_key, prepare_prompt, run_hooks
-from agents.hooks.lifecycle import CONTEXT_HEADING, FEEDBACK_HEADING
+from agents.hooks.lifecycle import FEEDBACK_HEADING
 from agents.hooks.models import HookHandler
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
@@ -95,19 +96,11 @@ def route(prompt: Prompt, here: list[str]) -> bool:
             needs_vision=vision,
         )
         plan = plans.normalize_router_decision(answer, routing, fallback, error=error)
-    contexts = subagent_start(prompt, plan)
     with actions.saga_transaction(prompt.saga):
         if not move(prompt, Step.ROUTING, Step.WORKERS, plan=plan, expanded=text):
             return False
         journal(prompt, "plan.created", {"plan": plan})
-        tasks = {}
-        for worker in plan["workers"]:
-            if worker.get("blocked"):
-                continue  # its SubagentStart hook blocked it: its failed result is made at the workers step
-            task = handoffs.support_worker_task(support_handoff(prompt, worker))
-            if contexts.get(worker["role"]):
-                task = f"{task}\n\n{CONTEXT_HEADING}\n{contexts[worker['role']]}"
-            tasks[worker["role"]] = task
+        tasks = {w["role"]: handoffs.support_worker_task(support_handoff(prompt, w)) for w in plan["workers"]}
         start_all(prompt, tasks, here)
     return True
 
@@ -121,6 +114,8 @@ def workers(prompt: Prompt, here: list[str]) -> bool:
         outcome = blocked_outcome(worker) or found.get(worker["role"])
         if outcome is None:
             return False
+        if outcome.blocked:  # its SubagentStart hook refused it: the plan says so, with the reason
+            worker["blocked"] = outcome.error
         done.append((worker, outcome))
 
     def resolve(names: list[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -145,14 +140,14 @@ def workers(prompt: Prompt, here: list[str]) -> bool:
         if prompt.is_team:
             answer = handoffs.team_answer(results)
             if not move(
-                prompt, Step.WORKERS, Step.DONE, results=results, answer=answer, final_answer=final,
+                prompt, Step.WORKERS, Step.DONE, plan=plan, results=results, answer=answer, final_answer=final,
                 status=Prompt.Status.COMPLETED,
             ):  # fmt: skip
                 return False
             settle(prompt, [o for _, o in done])
             conclude(prompt, Prompt.Status.COMPLETED)
             return True
-        if not move(prompt, Step.WORKERS, Step.PRIMARY, results=results, mcp=servers):
+        if not move(prompt, Step.WORKERS, Step.PRIMARY, plan=plan, results=results, mcp=servers):
             return False
         settle(prompt, [o for _, o in done])
         role = plan["primary_role"]
@@ -247,25 +242,6 @@ def end_blocked(prompt: Prompt, prepared: PreparedPrompt) -> bool:
     return True
 
 
-def subagent_start(prompt: Prompt, plan: dict[str, Any]) -> dict[str, str]:
-    """SubagentStart for each planned support worker, before it exists (so before its first model
-    call). A block marks that worker `blocked` in the plan, with the reason, and it is never
-    started; the others go on. Returns each worker's added context."""
-    contexts: dict[str, str] = {}
-    for worker in plan["workers"] if hooked(prompt, Event.SUBAGENT_START) else []:
-        role = worker["role"]
-        outcome = run_hooks(
-            saga_id=prompt.saga_id, event=Event.SUBAGENT_START, brain=prompt.brain.name, role=role,
-            key=hook_key(prompt.pk, Event.SUBAGENT_START, role),
-            payload={"prompt_id": str(prompt.pk), "goal": worker["goal"], "prompt": prompt.expanded},
-        )  # fmt: skip
-        if outcome.blocked:
-            worker["blocked"] = outcome.reason or f"Blocked by the SubagentStart hook {outcome.blocked_by}."
-        elif outcome.context:
-            contexts[role] = outcome.context
-    return contexts
-
-
 def hooked(prompt: Prompt, event: Event) -> bool:
     """Whether the event has handlers for this brain at all: one statement for every worker, rather
     than one per worker when there are none."""
@@ -273,7 +249,8 @@ def hooked(prompt: Prompt, event: Event) -> bool:
 
 
 def blocked_outcome(worker: dict[str, Any]) -> "Outcome | None":
-    """A worker its SubagentStart hook blocked: failed, with the reason, and no run behind it."""
+    """A worker its SubagentStart hook blocked at routing, before that hook ran in the worker's own
+    task (a prompt routed before then): failed, with the reason, and no run behind it."""
     return Outcome(None, error=worker["blocked"], failed=True) if worker.get("blocked") else None
 
 
@@ -320,6 +297,13 @@ class Outcome:
 
     def __init__(self, run: Run | None, *, output: Any = None, error: str = "", failed: bool = False) -> None:
         self.run, self.output, self.error, self.failed = run, output, error, failed
+
+    @property
+    def blocked(self) -> bool:
+        """Failed because its SubagentStart hook blocked it (the executor's `start_hooks`)."""
+        return self.failed and (
+            self.run is None or (isinstance(self.run.result, dict) and "blocked" in self.run.result)
+        )
 
 
 def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:

@@ -35,7 +35,9 @@ def prompts_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
     }
     hooks = hook_outcomes(saga, prompts)
     return {
-        "prompts": [{**plan_view(p, runs), "hooks": hooks.get(str(p.pk), [])} for p in prompts],
+        "prompts": [
+            {**plan_view(p, runs, hooks.get(str(p.pk), [])), "hooks": hooks.get(str(p.pk), [])} for p in prompts
+        ],
         "can_prompt": may_manage(request.user, saga) and not saga.is_finished,
         "brains": list(Brain.objects.values_list("name", flat=True)),
     }
@@ -66,12 +68,19 @@ def live_status(run: Run | None) -> str:
     return "answered" if run.status == Run.Status.IDLE else str(run.status)
 
 
-def plan_view(prompt: Prompt, runs: dict[str, Run]) -> dict[str, Any]:
+def plan_view(prompt: Prompt, runs: dict[str, Run], hooks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     plan = prompt.plan or {}
     results = {r["role"]: r for r in prompt.results}
+    # A worker its SubagentStart hook blocked shows as such at once, before the plan records it.
+    refused = {
+        h["role"]: h["reason"] or f"Blocked by the SubagentStart hook {h['handler']}."
+        for h in reversed(hooks or [])
+        if h["event"] == "SubagentStart" and h["status"] == "blocked"
+    }
     workers = []
     for w in plan.get("workers", []):
         result = results.get(w["role"])
+        w = {**w, "blocked": w.get("blocked") or refused.get(w["role"], "")}
         workers.append(
             {
                 **w,

@@ -19,14 +19,14 @@ from journal.models import JournalEvent
 from sagas import actions
 from sagas.models import Collaborator, Saga
 from tests.agents.fake_llm import FakeLLM, say, tool_call
-from tests.agents.hooks_support import command, python
+from tests.agents.hooks_support import alive, command, python
 from tests.agents.test_orchestrator import (
     fake_brain,  # noqa: F401  (a fixture, used by name in pytestmark)
     request_text,
     settled,
     submit,
 )
-from tests.support import CeleryWorker
+from tests.support import CeleryWorker, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("fake_brain")]
 
@@ -98,7 +98,7 @@ def test_hooks_wrap_every_step_and_artifacts_reach_the_workers(
     assert "Cursor tokens are opaque." in tester_text and "House rule: no v1." in tester_text
     assert "python saw SubagentStart for tester" in tester_text  # its own SubagentStart context
     assert "Cursor tokens are opaque." in request_text(fake_llm.calls_for("coder-m")[0])
-    # The blocked worker never ran and failed with the reason; the other one completed.
+    # The blocked worker never called its model and failed with the reason; the other one completed.
     assert fake_llm.calls_for("writer-m") == []
     tester, writer = body["results"]
     assert (tester["status"], tester["summary"]) == ("completed", "Twelve cases pass.")
@@ -109,7 +109,9 @@ def test_hooks_wrap_every_step_and_artifacts_reach_the_workers(
     assert client.get(spec["uri"]).content == b"Cursor tokens are opaque."
     assert tester["risks"] == ["Artifact ghost.md is not in this saga: the result names it, nothing was attached."]
     assert writer["status"] == "failed" and writer["risks"] == ["Writers are on leave."]
-    assert not Collaborator.objects.filter(saga=saga, name__endswith=".writer").exists()
+    writer_run = Collaborator.objects.get(saga=saga, name__endswith=".writer").run
+    assert (writer_run.status, writer_run.error) == ("failed", "Writers are on leave.")
+    assert [w.get("blocked", "") for w in body["plan"]["workers"]] == ["", "Writers are on leave."]
     # SubagentStop saw the successful result only; Stop's context is feedback on the final answer.
     stop_event = json.loads(seen_stop.read_text())
     assert stop_event["role"] == "tester" and stop_event["result"]["summary"] == "Twelve cases pass."
@@ -129,6 +131,92 @@ def test_hooks_wrap_every_step_and_artifacts_reach_the_workers(
     assert 'data-hook="no-writer" data-event="SubagentStart" data-status="blocked"' in html
     assert 'data-hook="notes" data-event="Stop" data-status="ok"' in html
     assert "feedback from hooks: Cite the changelog." in html
+
+
+def hook_span(event: JournalEvent) -> tuple[float, float]:
+    """When a handler ran, from what was recorded: it is stored (and journaled) as it finishes,
+    after `duration_ms`."""
+    end = event.created_at.timestamp()
+    return end - event.data["duration_ms"] / 1000, end
+
+
+def test_the_support_workers_subagent_start_hooks_run_side_by_side(
+    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User
+) -> None:
+    """Two support workers, each with a 2 s SubagentStart handler, two worker processes: each
+    worker runs its own hook in its own task, so the two runs overlap; a block on one fails only
+    that one."""
+    load_hooks(
+        entries=[
+            command("slow", "SubagentStart", "--sleep", "2", "--print", "Slow context."),
+            python("no-writer", "SubagentStart", "block", matcher="writer"),
+        ]
+    )
+    fake_llm.script("tester-m", say("", tool_call("finish", {"result": {"summary": "Tested."}})))
+    client = client_for(alice)
+
+    started = submit(client, saga, prompt="Implement the cursor.", brain="fake", team=["tester", "writer"])
+    body = settled(client, started["prompt_id"])
+
+    assert body["status"] == "completed", body
+    slow = {e.data["role"]: e for e in JournalEvent.objects.filter(saga=saga, type="hook_subagent_start")
+            if e.data["handler"] == "slow"}  # fmt: skip
+    assert sorted(slow) == ["tester", "writer"] and all(e.data["status"] == "ok" for e in slow.values())
+    (tester_start, tester_end), (writer_start, writer_end) = hook_span(slow["tester"]), hook_span(slow["writer"])
+    assert tester_start < writer_end and writer_start < tester_end, (tester_start, tester_end, writer_start,
+                                                                      writer_end)  # fmt: skip
+    # The block failed the writer alone, before any model call; the tester got the context.
+    tester, writer = body["results"]
+    assert (tester["status"], tester["summary"]) == ("completed", "Tested.")
+    assert writer["status"] == "failed" and writer["risks"] == ["python policy refuses: Implement the cursor."]
+    assert fake_llm.calls_for("writer-m") == []
+    assert "--- Context from hooks ---\\nSlow context." in request_text(fake_llm.calls_for("tester-m")[0])  # in JSON
+    # Each ran once: a hook run is stored under its key.
+    assert sorted((e["role"], e["handler"]) for e in hook_events(saga, "hook_subagent_start")) == [
+        ("tester", "slow"), ("writer", "no-writer"), ("writer", "slow")
+    ]  # fmt: skip
+
+
+def test_a_worker_killed_mid_subagent_start_runs_no_finished_handler_again(
+    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User, redis_url: str, artifacts: Path,
+    runtime_env: dict[str, str], tmp_path: Path,
+) -> None:  # fmt: skip
+    from sagas.tasks import reconcile
+
+    count, marker, pid = tmp_path / "count", tmp_path / "hung", tmp_path / "pid"
+    load_hooks(
+        entries=[
+            command("quick", "SubagentStart", "--count", str(count), "--print", "Quick context."),
+            # Hangs on its first run only, so that the worker can be killed while it waits.
+            command("stuck", "SubagentStart", "--pid", str(pid), "--hang-unless", str(marker), "--print", "Late.",
+                    timeout_s=120),
+        ]
+    )  # fmt: skip
+    fake_llm.script("tester-m", say("", tool_call("finish", {"result": {"summary": "Tested."}})))
+    client = client_for(alice)
+    started = submit(client, saga, prompt="Implement the cursor.", brain="fake", team=["tester"])
+    wait_until(lambda: count.exists() and marker.exists(), timeout=60, what="quick to run and stuck to hang")
+    wait_until(lambda: hook_events(saga, "hook_subagent_start"), timeout=30, what="quick stored")
+
+    worker.kill()
+    wait_until(lambda: not alive(int(pid.read_text())), timeout=10, what="the orphaned command to exit")
+    replacement = CeleryWorker(redis_url, artifacts, env=runtime_env)
+    try:
+
+        def done() -> bool:
+            reconcile()  # as the beat would: reclaims the tester's lapsed lease
+            return Prompt.objects.get(pk=started["prompt_id"]).status != "running"
+
+        wait_until(done, timeout=60, interval=0.5, what="the worker to resume and finish")
+    finally:
+        replacement.kill()
+
+    body = client.get(f"/api/v1/prompts/{started['prompt_id']}/").json()
+    assert body["status"] == "completed" and body["results"][0]["summary"] == "Tested.", body
+    assert count.read_text() == "ran\n"  # quick ran once, before the crash
+    assert sorted(str(e["handler"]) for e in hook_events(saga, "hook_subagent_start")) == ["quick", "stuck"]
+    (call,) = fake_llm.calls_for("tester-m")
+    assert "Quick context.\\n\\nLate." in request_text(call)  # both contexts, in the handoff's JSON
 
 
 def test_bad_references_are_refused_at_submission(saga: Saga, alice: User, bob: User) -> None:

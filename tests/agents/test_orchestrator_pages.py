@@ -76,9 +76,12 @@ def test_a_hook_outcome_refreshes_the_panel_and_the_plan_view_shows_it(
     from agents.hooks.parsing import Verdict
     from agents.hooks.runner import store
     from agents.orchestrator.actions import submit_prompt
+    from agents.orchestrator.plans import forced_plan
     from journal.models import JournalEvent
 
     prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement the cursor, with a changelog.")
+    # Routed, its writer refused by its SubagentStart hook, the workers step not reached yet.
+    Prompt.objects.filter(pk=prompt.pk).update(plan=forced_plan(["writer"]), step=Prompt.Step.WORKERS)
     handler = HookHandler(name="no-writer", event=Event.SUBAGENT_START, type="command", trusted=True)
     store(
         saga_id=saga.pk, key=hook_key(prompt.pk, Event.SUBAGENT_START, "writer"), event=Event.SUBAGENT_START,
@@ -98,6 +101,8 @@ def test_a_hook_outcome_refreshes_the_panel_and_the_plan_view_shows_it(
     html = page_client(alice).get(f"/sagas/{saga.pk}/live/prompts/").content.decode()
     assert 'data-hook="no-writer" data-event="SubagentStart" data-status="blocked"' in html
     assert "SubagentStart (writer) <code>no-writer</code> blocked: Writers are on leave." in html
+    # The plan view shows the worker blocked at once, from the hook's outcome.
+    assert 'data-role="writer" data-status="blocked"' in html and "blocked by a hook: Writers are on leave." in html
 
 
 def test_people_who_do_not_manage_get_no_prompt_box_and_cannot_submit(

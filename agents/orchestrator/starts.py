@@ -1,0 +1,66 @@
+"""SubagentStart, in each support worker's own task, before its first model call.
+
+The routing step only plans and delegates; each support worker's first task (the routing task
+itself for the first one, a Celery worker each for the others) runs the worker's SubagentStart
+handlers once its run is claimed, outside any transaction (a handler may take its whole timeout;
+the heartbeat keeps the run's lease). So the workers' hooks run side by side, as the workers do.
+
+A block fails that worker only, with the reason, before any model call; added context is appended
+to its task. The run is keyed like every hook run (`hook_key`): a worker killed mid-hook is claimed
+again and finds its finished handlers stored.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from agents.hooks import Event, hook_key, run_hooks
+from agents.hooks.models import HookHandler
+from agents.orchestrator.models import Prompt
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A support worker whose SubagentStart has handlers to run (or stored, from a try cut short)."""
+
+    saga_id: Any
+    prompt_id: str
+    brain: str
+    role: str
+    goal: str
+    prompt: str
+
+
+@dataclass(frozen=True)
+class Start:
+    """What its handlers decided."""
+
+    blocked: str = ""  # the reason, when one blocked it
+    context: str = ""
+
+
+def pending_start(saga_id: Any, name: str) -> Pending | None:
+    """The SubagentStart to run for the run of `name` (`brain-….role`), or None: not a prompt's
+    support worker (the primary, the reviewer), or no handler of its brain for that event."""
+    lead, _, slot = name.partition(".")
+    prompt = Prompt.objects.select_related("brain").filter(saga_id=saga_id, lead__name=lead).first()
+    if prompt is None:
+        return None
+    worker = next((w for w in (prompt.plan or {}).get("workers", []) if w.get("role") == slot), None)
+    if worker is None or not HookHandler.objects.for_event(Event.SUBAGENT_START, brain=prompt.brain.name).exists():
+        return None
+    return Pending(
+        saga_id=saga_id, prompt_id=str(prompt.pk), brain=prompt.brain.name, role=slot,
+        goal=str(worker.get("goal", "")), prompt=prompt.expanded or prompt.text,
+    )  # fmt: skip
+
+
+def run_start(pending: Pending) -> Start:
+    """Run its handlers (never inside a transaction: they may take their whole timeout)."""
+    outcome = run_hooks(
+        saga_id=pending.saga_id, event=Event.SUBAGENT_START, brain=pending.brain, role=pending.role,
+        key=hook_key(pending.prompt_id, Event.SUBAGENT_START, pending.role),
+        payload={"prompt_id": pending.prompt_id, "goal": pending.goal, "prompt": pending.prompt},
+    )  # fmt: skip
+    if outcome.blocked:
+        return Start(blocked=outcome.reason or f"Blocked by the SubagentStart hook {outcome.blocked_by}.")
+    return Start(context=outcome.context)
