@@ -11,7 +11,6 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -29,8 +28,9 @@ from agents.orchestrator import starts
 from agents.orchestrator.tasks import advance_after, is_brain_worker
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
+from agents.transcripts import Transcript, keep_transcript, take_transcript
 from config import metrics
-from config.sql import columns, db_value, defer, fetch_one, py_value
+from config.sql import columns, fetch_one
 from journal.actions import record
 from sagas import actions
 from sagas.metrics import count_round_trip
@@ -430,77 +430,12 @@ class Turns:
         record(saga_id=self.saga_id, type=type, actor=self.collaborator.handle, run_id=self.run.pk, data=data)
 
 
-class Transcript:
-    """A run's conversation, in the chat-completions shape, so any run can resume from exactly what
-    was persisted. Append-only: a copy this process kept from an earlier task of the run only needs
-    the entries written since."""
-
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        self.messages: list[dict[str, Any]] = []
-        self.last_seq = 0
-        self.tokens = 0
-        self.unsaved: list[tuple[int, int, dict[str, Any], int]] = []  # (seq, turn, message, tokens)
-
-    def read_new(self) -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(_READ_SQL, [self.run_id, self.last_seq])
-            rows = cursor.fetchall()
-        for seq, message, tokens in rows:
-            self.messages.append(py_value(TranscriptEntry, "message", message))
-            self.last_seq, self.tokens = seq, self.tokens + tokens
-
-    def append(self, turn: int, messages: list[dict[str, Any]], *, tokens: int = 0) -> None:
-        """Add messages, written by save() at the end of the turn's transaction."""
-        for message in messages:
-            self.last_seq += 1
-            self.unsaved.append((self.last_seq, turn, message, tokens))
-            self.messages.append(message)
-            self.tokens, tokens = self.tokens + tokens, 0
-
-    def save(self) -> None:
-        """One plain multi-row INSERT: every transaction of every turn ends with it."""
-        if not self.unsaved:
-            return
-        created = db_value(TranscriptEntry, "created_at", timezone.now())
-        params = [
-            value
-            for seq, turn, message, tokens in self.unsaved
-            for value in (self.run_id, seq, turn, db_value(TranscriptEntry, "message", message), tokens, created)
-        ]
-        # Nothing reads its outcome, and it ends the transaction: on PostgreSQL it goes with the COMMIT.
-        defer(_INSERT_SQL + ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(self.unsaved)), params)
-        self.unsaved = []
-
-
-_READ_SQL = (
-    f"SELECT seq, message, tokens FROM {TranscriptEntry._meta.db_table} WHERE run_id = %s AND seq > %s ORDER BY seq"
-)
 # A team's token budget and what its teammates have used so far.
 _TEAM_TOKENS_SQL = (
     f"SELECT t.max_tokens, (SELECT COALESCE(SUM(e.tokens), 0) FROM {TranscriptEntry._meta.db_table} e "
     f"JOIN {Run._meta.db_table} r ON r.id = e.run_id WHERE r.team_id = t.id) FROM {Team._meta.db_table} t "
     "WHERE t.id = %s"
 )
-_INSERT_SQL = f"INSERT INTO {TranscriptEntry._meta.db_table} (run_id, seq, turn, message, tokens, created_at) VALUES "
-
-
-# The transcripts of the runs this process ran last, as of their tasks' last commit.
-_kept: OrderedDict[str, Transcript] = OrderedDict()
-KEPT_TRANSCRIPTS = 64
-
-
-def take_transcript(run_id: str) -> Transcript:
-    transcript = _kept.pop(run_id, None) or Transcript(run_id)
-    transcript.read_new()
-    return transcript
-
-
-def keep_transcript(transcript: Transcript) -> None:
-    """Only after a task that ended normally: everything it holds is committed."""
-    _kept[transcript.run_id] = transcript
-    while len(_kept) > KEPT_TRANSCRIPTS:
-        _kept.popitem(last=False)
 
 
 def profile(name: str) -> AgentProfile | None:
