@@ -77,7 +77,9 @@ def open_questions(tasks: Sequence[AgentRequest], asked: list[AgentRequest]) -> 
     if not wanted or not asked:
         return {}
     some = next(task for task in tasks if task.is_open)
-    unlinked = any(not isinstance((q.payload or {}).get(conversation.TASK_LINK), str) for q in asked)
+    unlinked = any(
+        not (isinstance(q.payload, dict) and isinstance(q.payload.get(conversation.TASK_LINK), str)) for q in asked
+    )
     candidates = conversation.open_tasks(some) if unlinked else []
     found: dict[str, AgentRequest] = {}
     for question in asked:
