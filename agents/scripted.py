@@ -3,7 +3,9 @@ headers in the conversation and answers with tool calls.
 
 A playbook is JSON: `steps` (tool calls made one per model call, in order), `replies` (the
 payload to reply with per request type, `*` for any), `ask_back` (asks each request's sender a
-question before it replies, and replies with the answer) and `on_broadcast` (a teammate's answer to
+question before it replies, and replies with the answer), `chat` (with `ask_back`: asks again after
+each answer or follow-up until the sender says one of the `until` words, so one request is a
+conversation of several messages) and `on_broadcast` (a teammate's answer to
 each broadcast it hears: `type` and `payload` of an ask back to the lead). A step may wait
 `after` requests of a type have arrived. Its tool-call ids are derived from the
 conversation, so a model call re-executed after a crash asks for exactly the same effects, which
@@ -90,6 +92,8 @@ def next_move(name: str, messages: list[dict[str, Any]]) -> tuple[str, list[dict
                 )
             if attrs.get("kind") == "response" and (answered := reply_with_answer(playbook, attrs, payload, messages)):
                 calls.append(answered)
+            if attrs.get("kind") == "message" and (went_on := chat_on(playbook, attrs, payload, messages)):
+                calls.append(went_on)
             if attrs.get("broadcast_id") and (answer := playbook.get("on_broadcast")):
                 calls.append(answer_broadcast(answer, attrs, payload))
     done = sum(
@@ -155,10 +159,62 @@ def reply_with_answer(
             except (json.JSONDecodeError, AttributeError):
                 continue
             if asked == attrs.get("request_id"):
-                request_id = call_id.removeprefix("ask-")
+                request_id = call_id.removeprefix("ask-").split(".")[0]  # ask-<request>[.<n>]
+                if (again := chat_again(playbook, request_id, attrs.get("from", ""), payload, messages)) is not None:
+                    return again
                 answer = {"asked": playbook["ask_back"].get("question", ""), "answer": payload}
                 return call(f"reply-{request_id}", "reply", {"request_id": request_id, "payload": answer})
     return None
+
+
+def text_in(payload: Any) -> str:
+    """The text parts of an A2A message body (an answer or a follow-up), else its JSON."""
+    if isinstance(payload, dict) and isinstance(payload.get("parts"), list):
+        return " ".join(str(part.get("text", "")) for part in payload["parts"] if isinstance(part, dict))
+    return payload if isinstance(payload, str) else json.dumps(payload)
+
+
+def chat_again(
+    playbook: dict[str, Any], request_id: str, to: str, payload: Any, messages: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """A `chat` playbook's next move on the sender's answer or follow-up about a request: another
+    question (`ask-<request>.<n>`, n counting its earlier ones), or None when the sender said one of
+    the `until` words (the caller then replies). A reply ends the conversation: after it, nothing."""
+    spec = playbook.get("chat")
+    if not spec:
+        return None
+    said = text_in(payload).lower()
+    if any(re.search(rf"\b{re.escape(word.lower())}\b", said) for word in spec.get("until", ["done"])):
+        return None
+    asked = sum(
+        1
+        for m in messages
+        if m["role"] == "assistant"
+        for c in m.get("tool_calls", [])
+        if c["id"] == f"ask-{request_id}" or c["id"].startswith(f"ask-{request_id}.")
+    )
+    body = {"task_id": request_id, "question": spec.get("question", "Anything else?")}
+    args = {"to": to, "type": playbook["ask_back"].get("ask_type", "question"), "mode": "async", "payload": body}
+    return call(f"ask-{request_id}.{asked}", "ask_agent", args)
+
+
+def chat_on(
+    playbook: dict[str, Any], attrs: dict[str, str], payload: Any, messages: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """A follow-up (a steering message `{"request_id", "message"}`) to a request a `chat`
+    playbook is talking about: another question, or the reply when the sender is done."""
+    if not playbook.get("chat") or not isinstance(payload, dict) or not isinstance(payload.get("request_id"), str):
+        return None
+    request_id = payload["request_id"]
+    started = any(
+        c["id"] == f"ask-{request_id}" for m in messages if m["role"] == "assistant" for c in m.get("tool_calls", [])
+    )
+    if not started:
+        return None
+    if (again := chat_again(playbook, request_id, attrs.get("from", ""), payload.get("message"), messages)) is not None:
+        return again
+    answer = {"asked": playbook["ask_back"].get("question", ""), "answer": payload.get("message")}
+    return call(f"reply-{request_id}", "reply", {"request_id": request_id, "payload": answer})
 
 
 def answer_broadcast(answer: dict[str, Any], attrs: dict[str, str], payload: Any) -> dict[str, Any]:

@@ -63,6 +63,21 @@ def task_of_question(question: AgentRequest, candidates: list[tuple[str, Any]]) 
     return next((pk for pk, created_at in candidates if created_at <= question.created_at), None)
 
 
+def asking_tasks(sender_id: Any, agent_id: Any) -> set[str]:
+    """The ids of the caller's open tasks with this agent that have an open question: the tasks
+    that are input-required."""
+    back = AgentRequest.objects.filter(sender_id=agent_id, recipient_id=sender_id, status__in=OPEN)
+    asked = list(back.order_by("created_at", "pk"))
+    if not asked:
+        return set()
+    tasks = AgentRequest.objects.filter(
+        sender_id=sender_id, recipient_id=agent_id, type=mapping.REQUEST_TYPE, status__in=OPEN
+    )
+    candidates = list(tasks.order_by("-created_at", "-pk").values_list("pk", "created_at"))
+    open_ids = {pk for pk, _ in candidates}
+    return {task_id for q in asked if (task_id := task_of_question(q, candidates)) in open_ids}
+
+
 def question_of(task: AgentRequest) -> AgentRequest | None:
     return questions_for([task]).get(task.pk)
 
@@ -97,8 +112,9 @@ def continue_task(sender: Collaborator, task: AgentRequest, message: pb.Message)
     if message.context_id and message.context_id != context_id:
         raise InvalidParamsError(message=f"Task {task.pk} belongs to context {context_id}.")
     body = mapping.payload_of(message, context_id=context_id)
-    if question is not None:
-        actions.reply_to_request(request_id=question.pk, by=sender.user, payload=body)
+    if question is not None:  # the answer names its task: how the task's history finds it
+        answer = {**body, TASK_LINK: task.pk}
+        actions.reply_to_request(request_id=question.pk, by=sender.user, payload=answer)
     else:
         actions.follow_up_request(
             request_id=task.pk, by=sender.user, message=body, idempotency_key=f"a2a:{message.message_id}"

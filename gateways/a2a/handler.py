@@ -36,7 +36,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from gateways.a2a import conversation, mapping, push
+from gateways.a2a import conversation, history, mapping, push
 from gateways.a2a.mapping import SETTLED, TERMINAL, task_of
 from sagas import actions, errors
 from sagas.models import AgentRequest, Collaborator
@@ -141,18 +141,29 @@ class Snapshot:
 
     request: AgentRequest
     question: AgentRequest | None
+    history: list[dict[str, Any]] | None = None  # the whole conversation, when it was read
 
     @property
     def state(self) -> int:
         return mapping.state_of(self.request, self.question)
 
     def task(self, *, history_length: int | None = None) -> pb.Task:
-        return task_of(self.request, question=self.question, history_length=history_length)
+        return task_of(self.request, question=self.question, history=self.history, history_length=history_length)
 
 
 def snapshot(request_id: str) -> Snapshot:
     request = reload(request_id)
     return Snapshot(request, conversation.question_of(request))
+
+
+def with_history(request: AgentRequest, history_length: int | None) -> Snapshot:
+    """The task with its conversation (two queries), or without it when none is asked for."""
+    talk = history.load([request], with_history=history_length != 0)
+    return Snapshot(request, talk.questions.get(request.pk), talk.histories.get(request.pk))
+
+
+def settled_view(request_id: str, history_length: int | None) -> Snapshot:
+    return with_history(reload(request_id), history_length)
 
 
 def as_sent(request: AgentRequest) -> Snapshot:
@@ -207,18 +218,28 @@ def list_tasks(caller: Caller, params: pb.ListTasksRequest) -> pb.ListTasksRespo
     requests = AgentRequest.objects.filter(sender=caller.sender, recipient=caller.agent, type=mapping.REQUEST_TYPE)
     if params.context_id:
         requests = requests.filter(payload__context_id=params.context_id)
-    if params.status:
+    if params.status == pb.TASK_STATE_INPUT_REQUIRED:  # derived: an open task the agent asked about
+        requests = requests.filter(pk__in=conversation.asking_tasks(caller.sender.pk, caller.agent.pk))
+    elif params.status:
         requests = requests.filter(status__in=mapping.STATUSES_OF_STATE.get(params.status, []))
+        if params.status in (pb.TASK_STATE_SUBMITTED, pb.TASK_STATE_WORKING):
+            requests = requests.exclude(pk__in=conversation.asking_tasks(caller.sender.pk, caller.agent.pk))
     if params.HasField("status_timestamp_after"):
         after: datetime = params.status_timestamp_after.ToDatetime(tzinfo=UTC)
         requests = requests.filter(updated_at__gt=after)
     total = requests.count()
     newest_first = requests.select_related("sender", "recipient").order_by("-updated_at", "-pk")
     page = list(newest_first[offset : offset + page_size])
-    history = params.history_length if params.HasField("history_length") else None
-    questions = conversation.questions_for(page)
+    length = params.history_length if params.HasField("history_length") else None
+    talk = history.load(page, with_history=length != 0)
     tasks = [
-        task_of(r, question=questions.get(r.pk), history_length=history, artifacts=params.include_artifacts)
+        task_of(
+            r,
+            question=talk.questions.get(r.pk),
+            history=talk.histories.get(r.pk),
+            history_length=length,
+            artifacts=params.include_artifacts,
+        )
         for r in page
     ]
     more = offset + len(page) < total
@@ -227,9 +248,8 @@ def list_tasks(caller: Caller, params: pb.ListTasksRequest) -> pb.ListTasksRespo
     )
 
 
-def get(caller: Caller, task_id: str) -> Snapshot:
-    request = task_for(caller, task_id)
-    return Snapshot(request, conversation.question_of(request))
+def get(caller: Caller, task_id: str, history_length: int | None = None) -> Snapshot:
+    return with_history(task_for(caller, task_id), history_length)
 
 
 # --- the handler ----------------------------------------------------------------------------------
@@ -274,12 +294,12 @@ class KernelRequestHandler(RequestHandler):
         finally:
             await release(slot)
         # Returning at once: the task as the send left it (a fast agent may have finished since).
-        view = await in_thread(snapshot, request.pk) if blocking else await in_thread(as_sent, request)
+        view = await in_thread(settled_view, request.pk, history) if blocking else await in_thread(as_sent, request)
         return view.task(history_length=history)
 
     async def on_get_task(self, params: pb.GetTaskRequest, context: ServerCallContext) -> pb.Task | None:
         history = history_length(params)
-        view = await in_thread(get, caller_of(context), params.id)
+        view = await in_thread(get, caller_of(context), params.id, history)
         return view.task(history_length=history)
 
     async def on_list_tasks(self, params: pb.ListTasksRequest, context: ServerCallContext) -> pb.ListTasksResponse:
@@ -359,7 +379,7 @@ async def follow(caller: Caller, request_id: str, *, history_length: int | None 
     and subscribes again gets the task as it stands and then the changes from there on.
     """
     async with Doorbell(request_channel(request_id), steering_channel(caller.sender.pk)) as bell:
-        view = await in_thread(snapshot, request_id)
+        view = await in_thread(settled_view, request_id, history_length)
         yield view.task(history_length=history_length)
         state = view.state
         while state not in SETTLED:

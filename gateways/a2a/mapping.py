@@ -139,11 +139,15 @@ def task_of(
     request: AgentRequest,
     *,
     question: AgentRequest | None = None,
+    history: list[dict[str, Any]] | None = None,
     history_length: int | None = None,
     artifacts: bool = True,
 ) -> pb.Task:
-    """The task a request is, for its sender."""
-    history = [user_message(request)]
+    """The task a request is, for its sender: `history` is the whole conversation
+    (`gateways.a2a.history`), of which the last `history_length` messages are given (0: none,
+    absent: all); without it, the client's first message."""
+    if history is None:
+        history = [user_message(request)]
     if history_length is not None:
         history = history[-history_length:] if history_length > 0 else []
     body: dict[str, Any] = {

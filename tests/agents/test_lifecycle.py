@@ -155,4 +155,4 @@ def test_the_demo_saga_plays_out_with_the_scripted_agents(worker: CeleryWorker, 
     assert Saga.objects.filter(owner=demo).count() == 2  # this one and "Demo: A2A", with its exposed agents
     assert Prompt.objects.count() == 1
     a2a = Collaborator.objects.filter(saga__title=A2A_TITLE, kind="agent", exposed=True)
-    assert sorted(a2a.values_list("name", "profile")) == [("asker", "asker"), ("echo", "responder")]
+    assert sorted(a2a.values_list("name", "profile")) == [("asker", "asker"), ("chat", "chat"), ("echo", "responder")]

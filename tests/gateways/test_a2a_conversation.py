@@ -180,6 +180,13 @@ def test_follow_up_question_and_stream_to_input_required(web_server: WebServer, 
         replier.join(timeout=60)
     assert done.status.state == pb.TASK_STATE_COMPLETED
     assert MessageToDict(done.artifacts[0].parts[0]) == {"text": "One page, done."}
+    # The task's history is the whole conversation: follow-up, questions and answers, the reply.
+    user, agent = pb.ROLE_USER, pb.ROLE_AGENT
+    assert [(m.role, text_of(m)) for m in done.history] == [
+        (user, "draft it"), (user, "and keep it short"), (agent, "Short as in one page?"), (user, "yes, one page"),
+        (agent, "Anything else?"), (user, "no"), (agent, "One page, done."),
+    ]  # fmt: skip
+    assert [m.message_id for m in done.history][1:4] == ["f-1", question.pk, "a-2"]
 
 
 def rpc(server: WebServer, cast: Cast, params: dict[str, Any]) -> dict[str, Any]:

@@ -49,7 +49,8 @@ class Command(BaseCommand):
 
     def seed_a2a(self, owner: User) -> None:
         """A saga with two scripted agents exposed over A2A (`echo` replies with what it was sent,
-        `asker` asks what it is for first: an input-required task), and the token of an external
+        `asker` asks what it is for first: an input-required task, `chat` asks again after each
+        message until the client says it is done: a task of many messages), and the token of an external
         agent of that saga for A2A clients (kept in the data dir: a token is shown only once)."""
         token_path = settings.DATA_DIR / "a2a_demo_token"
         saga = Saga.objects.filter(title=A2A_TITLE, owner=owner).first()
@@ -68,8 +69,14 @@ class Command(BaseCommand):
                 add_agent(saga=saga, name="asker", role="Asker", task="Ask what it is for, then answer.",
                           runtime="internal", profile="asker", resumable=True, by=owner)  # fmt: skip
                 set_exposed(saga=saga, handle="agent:asker", exposed=True, by=owner)
+        if find_collaborator(saga, "agent:chat") is None:
+            with transaction.atomic():
+                add_agent(saga=saga, name="chat", role="Chat", task="Keep asking until the client is done.",
+                          runtime="internal", profile="chat", resumable=True, by=owner)  # fmt: skip
+                set_exposed(saga=saga, handle="agent:chat", exposed=True, by=owner)
         base = f"http://{os.environ.get('WEB_HOST', '127.0.0.1')}:{os.environ.get('WEB_PORT', '8000')}"
         self.stdout.write(
             f"A2A agent: {base}/a2a/{saga.pk}/echo/ (card at .well-known/agent-card.json), token in {token_path}"
         )
         self.stdout.write(f"A2A agent that asks back first: {base}/a2a/{saga.pk}/asker/")
+        self.stdout.write(f"A2A agent that talks until you say done: {base}/a2a/{saga.pk}/chat/")
