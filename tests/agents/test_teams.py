@@ -121,9 +121,6 @@ def test_shutdown_fails_what_was_asked_of_the_teammate_and_cancels_what_it_asked
     type(team).objects.filter(pk=team.pk).update(max_teammates=1)
     with pytest.raises(errors.TeamFull):
         actions.spawn_teammate(**spawn_more)
-    type(team).objects.filter(pk=team.pk).update(max_teammates=5, max_tokens=18)
-    with pytest.raises(errors.TeamBudgetExhausted):
-        actions.spawn_teammate(**spawn_more)
     assert agent(saga, "more") is None
 
     run = actions.shutdown_teammate(teammate=mate, reason="Done with you.", by=lead.user)
@@ -142,6 +139,13 @@ def test_shutdown_fails_what_was_asked_of_the_teammate_and_cancels_what_it_asked
     assert (again, created) == (mate, False)
     reconcile()
     assert run_of(mate).status == Run.Status.SHUTDOWN
+
+    # Tokens spent count against the team after its teammates end (set here, with no teammate at
+    # work: a working one would be stopped by the same budget at its next turn).
+    type(team).objects.filter(pk=team.pk).update(max_teammates=5, max_tokens=18)
+    with pytest.raises(errors.TeamBudgetExhausted):
+        actions.spawn_teammate(**spawn_more)
+    assert agent(saga, "more") is None
 
 
 @pytest.mark.parametrize("runtime_env", [{"OPENAI_TIMEOUT_S": "60"}], indirect=True)
