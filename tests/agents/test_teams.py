@@ -52,10 +52,11 @@ def test_a_lead_spawns_teammates_that_idle_wake_on_its_broadcast_answer_and_one_
     wait_until(lambda: run_of(checker).status == Run.Status.SHUTDOWN, timeout=30, what="checker's shutdown")
     wait_until(lambda: run_of(scout).status == Run.Status.IDLE, timeout=30, what="scout to idle again")
 
-    # Each teammate worked on its prompt, then idled (its `finish` did not end it) before the broadcast.
+    # A teammate idles instead of finishing (its `finish` did not end it). The checker may still be at
+    # its prompt when the broadcast reaches it, and then goes on without idling: only the scout,
+    # which idled again above, is sure to have.
+    assert [e for e in events_of(saga, "run.idle") if e.actor == scout.handle], "the scout never idled"
     for mate in (scout, checker):
-        types = [e.type for e in events_of(saga, "run.idle") if e.actor == mate.handle]
-        assert types, f"{mate.handle} never idled"
         assert mate.delegation.delegator == lead and run_of(mate).team is not None
     (sent,) = Broadcast.objects.all()
     assert sent.recipients == ["agent:scout", "agent:checker"]
