@@ -5,23 +5,19 @@ from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from accounts.models import User
 from sagas import actions, errors
-from sagas.access import may_manage
-from sagas.views import form_errors, render_saga, saga_url, visible_saga
+from sagas.views import form_errors, managed_saga, render_saga, saga_url
 
 
 @login_required
 @require_POST
 def allow_remote_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
-    saga = visible_saga(request, saga_id)
-    if not may_manage(request.user, saga):
-        raise PermissionDenied("Only managers of the saga allow remote agents.")
+    saga = managed_saga(request, saga_id, "Only managers of the saga allow remote agents.")
     values = {k: request.POST.get(k, "").strip() for k in ("name", "url", "token_env")}
     assert isinstance(request.user, User)
     try:
@@ -41,9 +37,7 @@ def allow_remote_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
 @login_required
 @require_POST
 def remove_remote_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
-    saga = visible_saga(request, saga_id)
-    if not may_manage(request.user, saga):
-        raise PermissionDenied("Only managers of the saga remove remote agents.")
+    saga = managed_saga(request, saga_id, "Only managers of the saga remove remote agents.")
     name = request.POST.get("name", "")
     assert isinstance(request.user, User)
     try:

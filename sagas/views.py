@@ -38,6 +38,14 @@ def visible_saga(request: HttpRequest, saga_id: UUID) -> Saga:
     return get_object_or_404(Saga.objects.visible_to(request.user).select_related("owner"), pk=saga_id)
 
 
+def managed_saga(request: HttpRequest, saga_id: UUID, refusal: str) -> Saga:
+    """The saga, for a manager's form: 404 when the user may not see it, 403 when they may not manage it."""
+    saga = visible_saga(request, saga_id)
+    if not may_manage(request.user, saga):
+        raise PermissionDenied(refusal)
+    return saga
+
+
 def bad_parameter(exc: InvalidParameter) -> HttpResponse:
     """A query parameter that is not a number: 400, as the API says it (`invalid_payload`)."""
     return HttpResponse(f"invalid_payload: {exc.detail}", status=400, content_type="text/plain")
@@ -300,9 +308,7 @@ def steer_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
 @require_POST
 def add_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     """Add an agent: internal (Agora runs it, by profile) or external (it gets a token, shown once)."""
-    saga = visible_saga(request, saga_id)
-    if not may_manage(request.user, saga):
-        raise PermissionDenied("Only managers of the saga add collaborators.")
+    saga = managed_saga(request, saga_id, "Only managers of the saga add collaborators.")
     fields = ("name", "role", "task", "runtime", "profile", "parent")
     values = {k: request.POST.get(k, "").strip() for k in fields}
     assert isinstance(request.user, User)
@@ -336,9 +342,7 @@ def add_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
 @require_POST
 def agent_token(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     """A manager rotates an external agent's token (the new one shown once) or revokes it."""
-    saga = visible_saga(request, saga_id)
-    if not may_manage(request.user, saga):
-        raise PermissionDenied("Only managers of the saga change agents' tokens.")
+    saga = managed_saga(request, saga_id, "Only managers of the saga change agents' tokens.")
     handle, action = request.POST.get("agent", ""), request.POST.get("action", "")
     assert isinstance(request.user, User)
     try:
@@ -362,9 +366,7 @@ def agent_token(request: HttpRequest, saga_id: UUID) -> HttpResponse:
 @require_POST
 def agent_exposure(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     """A manager exposes an agent to A2A clients (it gets an agent card) or withdraws it."""
-    saga = visible_saga(request, saga_id)
-    if not may_manage(request.user, saga):
-        raise PermissionDenied("Only managers of the saga expose its agents.")
+    saga = managed_saga(request, saga_id, "Only managers of the saga expose its agents.")
     handle, exposed = request.POST.get("agent", ""), request.POST.get("exposed", "")
     if exposed not in ("1", "0"):
         return HttpResponse("invalid_payload: exposed is 1 or 0.", status=400, content_type="text/plain")
@@ -385,9 +387,7 @@ def agent_exposure(request: HttpRequest, saga_id: UUID) -> HttpResponse:
 @require_POST
 def add_person(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     """Add a person by username, with a role: they see the saga and answer forms addressed to them."""
-    saga = visible_saga(request, saga_id)
-    if not may_manage(request.user, saga):
-        raise PermissionDenied("Only managers of the saga add collaborators.")
+    saga = managed_saga(request, saga_id, "Only managers of the saga add collaborators.")
     values = {k: request.POST.get(k, "").strip() for k in ("username", "role", "task")}
     person = User.objects.filter(username=values["username"], kind=User.Kind.HUMAN, is_active=True).first()
     problems: FormErrors = {}
@@ -415,9 +415,7 @@ def add_person(request: HttpRequest, saga_id: UUID) -> HttpResponse:
 @require_POST
 def finish_saga(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     """A manager finishes the saga (completed or cancelled): everything still at work in it ends."""
-    saga = visible_saga(request, saga_id)
-    if not may_manage(request.user, saga):
-        raise PermissionDenied("Only managers of the saga finish it.")
+    saga = managed_saga(request, saga_id, "Only managers of the saga finish it.")
     values = {k: request.POST.get(k, "").strip() for k in ("status", "reason")}
     assert isinstance(request.user, User)
     try:
