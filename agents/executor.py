@@ -30,7 +30,7 @@ from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
 from agents.transcripts import Transcript, keep_transcript, take_transcript
 from config import metrics
-from config.sql import columns, fetch_one
+from config.sql import columns, fetch_one, prepared
 from journal.actions import record
 from sagas import actions
 from sagas.metrics import count_round_trip
@@ -431,7 +431,7 @@ class Turns:
 
 
 # A team's token budget and what its teammates have used so far.
-_TEAM_TOKENS_SQL = (
+_TEAM_TOKENS_SQL = prepared(
     f"SELECT t.max_tokens, (SELECT COALESCE(SUM(e.tokens), 0) FROM {TranscriptEntry._meta.db_table} e "
     f"JOIN {Run._meta.db_table} r ON r.id = e.run_id WHERE r.team_id = t.id) FROM {Team._meta.db_table} t "
     "WHERE t.id = %s"

@@ -8,7 +8,7 @@ from django.db import connection
 from django.utils import timezone
 
 from agents.models import TranscriptEntry
-from config.sql import db_value, defer, py_value
+from config.sql import db_value, defer, prepared, py_value
 
 
 class Transcript:
@@ -54,7 +54,7 @@ class Transcript:
         self.unsaved = []
 
 
-_READ_SQL = (
+_READ_SQL = prepared(
     f"SELECT seq, message, tokens FROM {TranscriptEntry._meta.db_table} WHERE run_id = %s AND seq > %s ORDER BY seq"
 )
 _INSERT_SQL = f"INSERT INTO {TranscriptEntry._meta.db_table} (run_id, seq, turn, message, tokens, created_at) VALUES "

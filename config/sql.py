@@ -3,6 +3,7 @@
 Building a statement costs the ORM several times what running it costs SQLite. The statements an
 agent turn runs every time (journal events, steering, requests, runs, transcript entries) are
 written out once, as module constants, and use these to turn values and rows into model instances.
+They are `Statement`s: on PostgreSQL each is prepared once per connection (config/postgresql/).
 """
 
 from collections.abc import Callable, Sequence
@@ -13,6 +14,16 @@ from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 M = TypeVar("M", bound=models.Model)
+
+
+class Statement(str):
+    """A statement of the hot paths, with `%s` placeholders whose types the database infers from
+    where they stand: PostgreSQL prepares it once per connection. The helpers here mark what they
+    run; a `*_SQL` constant run through a cursor of its own is marked with prepared()."""
+
+
+def prepared(sql: str) -> Statement:
+    return Statement(sql)
 
 
 def db() -> BaseDatabaseWrapper:
@@ -82,7 +93,7 @@ def fetch(sql: str, params: Sequence[Any], *shape: type[models.Model]) -> list[l
         start += len(fields)
     conn = db()
     with conn.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(Statement(sql), params)
         rows = cursor.fetchall()
     return [[None if row[pk] is None else load(model, row[a:b], conn) for model, a, b, pk in spans] for row in rows]
 
@@ -105,7 +116,7 @@ def update(model: type[models.Model], where: dict[str, Any], *, later: bool = Fa
         values = value if isinstance(value, list | tuple) else [value]
         conditions.append(f'"{meta.get_field(name).column}" IN ({", ".join(["%s"] * len(values))})')  # type: ignore[union-attr]
         params += [db_value(model, name, v) for v in values]
-    sql = f"UPDATE {meta.db_table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"
+    sql = Statement(f"UPDATE {meta.db_table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}")
     if later:
         defer(sql, params)
         return -1
@@ -122,7 +133,7 @@ def insert_sql(model: type[models.Model], vendor: str) -> tuple[str, tuple[Any, 
     fields = tuple(f for f in meta.concrete_fields if not (auto_pk and f.primary_key))
     columns = ", ".join(db().ops.quote_name(str(f.column)) for f in fields)
     sql = f"INSERT INTO {meta.db_table} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})"
-    return (sql + f" RETURNING {meta.pk.column}" if auto_pk else sql), fields, auto_pk
+    return Statement(sql + f" RETURNING {meta.pk.column}" if auto_pk else sql), fields, auto_pk
 
 
 def insert(instance: M, *, later: bool = False) -> M:
@@ -151,7 +162,7 @@ def defer(sql: str, params: Sequence[Any]) -> None:
     whose failure fails the transaction anyway. Elsewhere it runs at once."""
     conn = db()
     if queue := getattr(conn, "defer", None):
-        queue(sql, params)
+        queue(Statement(sql), params)
         return
     with conn.cursor() as cursor:
         cursor.execute(sql, params)

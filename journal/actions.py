@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from config.notify import notifier
-from config.sql import db_value, defer, py_value
+from config.sql import db_value, defer, prepared, py_value
 from journal.models import JournalEvent, JournalHead
 
 logger = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ _NEXT_SEQ_SQL = (
     f"SET last_seq = {_HEAD}.last_seq + 1, "
     f"last_at = CASE WHEN {_HEAD}.last_at > EXCLUDED.last_at THEN {_HEAD}.last_at ELSE EXCLUDED.last_at END"
 )
-_INSERT_EVENT_SQL = (
+_INSERT_EVENT_SQL = prepared(
     f"INSERT INTO {JournalEvent._meta.db_table} (saga_id, seq, type, actor, run_id, data, created_at) "
     f"SELECT saga_id, last_seq, %s, %s, %s, %s, last_at FROM {_HEAD} WHERE saga_id = %s RETURNING id, seq, created_at"
 )

@@ -17,18 +17,84 @@ order; only their grouping into messages changes. So:
 - `defer()` queues a write whose outcome the caller does not read (no result, no row count). It
   fails, if at all, at the next statement or at COMMIT, still inside the transaction, which then
   rolls back whole: use it only where a failure fails the transaction anyway.
+
+The hot paths' statements (`config.sql.Statement`: those of config/sql.py's helpers and the
+`*_SQL` constants marked with `prepared()`) are also prepared, once per connection: the server
+plans a statement each time it is sent as text, which costs it several times what running one
+of these short statements does. The first time, `PREPARE agora_N AS ...` goes in the same message
+as the statement's `EXECUTE agora_N(...)`, whose arguments are the literals client-side binding
+made of the parameters; from then on only the `EXECUTE`. A prepared statement is the session's,
+not the transaction's: a rollback keeps it. One is known only once the message that made it has
+gone through; a message that fails forgets the ones it carried (their next use prepares them
+again, under a new name). Types are the server's to infer from where each parameter stands, as
+for `EXPLAIN` (tests/config/test_statements.py prepares every `*_SQL` constant).
+
 With server-side binding (OPTIONS `server_side_binding`) every statement goes on its own, as in
-Django's backend.
+Django's backend, and none is prepared here.
 """
 
+import re
+from functools import lru_cache
+from itertools import count
 from typing import Any
 
 from django.db.backends.postgresql import base as django_base
 from psycopg import IsolationLevel, pq
 
+from config.sql import Statement
+
 base: Any = django_base  # its stubs describe little of it
 
 IDLE = pq.TransactionStatus.IDLE
+PREPARED_MAX = 500  # per connection; past it, statements go as text
+_names = count(1)  # names are never reused: one whose PREPARE may have failed is not taken again
+
+
+@lru_cache(maxsize=1024)
+def numbered(query: str) -> tuple[str, int] | None:
+    """`query` with its `%s` placeholders as `$1`, `$2`... and its `%%` as `%`, and how many
+    parameters it takes; None for a query with any other `%` (named placeholders)."""
+    n = 0
+
+    def number(match: re.Match[str]) -> str:
+        nonlocal n
+        if match.group(1) == "%":
+            return "%"
+        n += 1
+        return f"${n}"
+
+    if "%" in _PLACEHOLDER.sub("", query):
+        return None
+    return _PLACEHOLDER.sub(number, query), n
+
+
+_PLACEHOLDER = re.compile(r"%([s%])")
+
+
+def as_prepared(conn: Any, query: Statement, params: Any) -> str:
+    """What to send for `query` with `params`: `EXECUTE name(%s, ...)`, its `PREPARE` queued
+    before it the first time; `query` itself when it cannot be (no room, or placeholders that do
+    not match the parameters)."""
+    prepared: dict[str, str] | None = conn.agora_prepared
+    if prepared is None:
+        return query
+    name = prepared.get(query) or conn.agora_preparing.get(query)
+    if name is None:
+        shape = numbered(query)
+        if shape is None or shape[1] != len(params) or len(prepared) >= PREPARED_MAX:
+            return query
+        name = f"agora_{next(_names)}"
+        conn.agora_pending.append(f"PREPARE {name} AS {shape[0]}")
+        conn.agora_preparing[query] = name
+    return f"EXECUTE {name}({', '.join(['%s'] * len(params))})" if params else f"EXECUTE {name}"
+
+
+def settled(conn: Any, *, sent: bool) -> None:
+    """After a message went out with what was pending: the statements it prepared are known from
+    now on, if it went through."""
+    if sent and conn.agora_preparing:
+        conn.agora_prepared.update(conn.agora_preparing)
+    conn.agora_preparing = {}
 
 
 def lead(conn: Any) -> list[str]:
@@ -45,31 +111,66 @@ def lead(conn: Any) -> list[str]:
 
 class Cursor(base.Cursor):
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        before = lead(self.connection)
+        conn = self.connection
+        if isinstance(query, Statement) and isinstance(params, list | tuple) and not kwargs:
+            query = as_prepared(conn, query, params)
+        before = lead(conn)
         if not before:
             return super().execute(query, params, **kwargs)
-        if not isinstance(query, str) or kwargs:  # a composed query goes on its own
-            super().execute("; ".join(before))
-            return super().execute(query, params, **kwargs)
-        if params is not None:  # the statements before it are bound already: their % are literal
-            before = [statement.replace("%", "%%") for statement in before]
-        super().execute("; ".join([*before, query]), params)
+        try:
+            if not isinstance(query, str) or kwargs:  # a composed query goes on its own
+                super().execute("; ".join(before))
+                settled(conn, sent=True)
+                return super().execute(query, params, **kwargs)
+            if params is not None:  # the statements before it are bound already: their % are literal
+                before = [statement.replace("%", "%%") for statement in before]
+            super().execute("; ".join([*before, query]), params)
+        except BaseException:
+            settled(conn, sent=False)
+            raise
+        settled(conn, sent=True)
         for _ in before:
             self.nextset()  # to the result of `query`
         return self
 
     def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> Any:
         if before := lead(self.connection):
-            super().execute("; ".join(before))
+            send(self.connection, "; ".join(before))
         return super().executemany(query, params_seq, **kwargs)
+
+
+def send(conn: Any, statements: str) -> None:
+    """Send what was pending, on its own."""
+    try:
+        base.Cursor(conn).execute(statements)
+    except BaseException:
+        settled(conn, sent=False)
+        raise
+    settled(conn, sent=True)
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
     def get_connection_params(self) -> dict[str, Any]:
-        params: dict[str, Any] = super().get_connection_params()
+        options = self.settings_dict["OPTIONS"]
+        # Off where a session may not keep its prepared statements (a pooler in transaction mode).
+        prepare = options.get("prepared_statements", True)
+        self.settings_dict["OPTIONS"] = {k: v for k, v in options.items() if k != "prepared_statements"}
+        try:
+            params: dict[str, Any] = super().get_connection_params()
+        finally:
+            self.settings_dict["OPTIONS"] = options
         if params["cursor_factory"] is base.Cursor:  # not with server-side binding
             params["cursor_factory"] = Cursor
+        params["agora_prepare"] = prepare
         return params
+
+    def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
+        prepare = conn_params.pop("agora_prepare", True)
+        conn = super().get_new_connection(conn_params)
+        conn.agora_begin, conn.agora_pending = "", []
+        conn.agora_prepared = {} if prepare else None  # by query, the name of its prepared statement
+        conn.agora_preparing = {}  # the same, for those whose PREPARE waits in `pending`
+        return conn
 
     @property
     def batches(self) -> bool:
@@ -104,10 +205,14 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def _savepoint_rollback(self, sid: str) -> None:
         if not self.batches:
             return super()._savepoint_rollback(sid)
+        conn = self.connection
         if (at := self.unsent(sid)) is not None:  # what followed it is dropped; it stays, unsent
-            del self.connection.agora_pending[at + 1 :]
+            del conn.agora_pending[at + 1 :]
+            kept = {s.split(" ", 2)[1] for s in conn.agora_pending if s.startswith("PREPARE ")}
+            conn.agora_preparing = {q: name for q, name in conn.agora_preparing.items() if name in kept}
         else:
-            self.connection.agora_pending = []  # all of it came after the savepoint
+            conn.agora_pending = []  # all of it came after the savepoint
+            settled(conn, sent=False)
             super()._savepoint_rollback(sid)
 
     def unsent(self, sid: str) -> int | None:
@@ -122,25 +227,30 @@ class DatabaseWrapper(base.DatabaseWrapper):
             before = [s for s in lead(self.connection) if not s.startswith(("SAVEPOINT", "RELEASE"))]
             if any(not s.startswith("BEGIN") for s in before):
                 with self.wrap_database_errors:
-                    base.Cursor(self.connection).execute("; ".join([*before, "COMMIT"]))
+                    send(self.connection, "; ".join([*before, "COMMIT"]))
+            settled(self.connection, sent=False)  # when nothing went: nothing was prepared
         return super()._commit()  # psycopg sends nothing when that COMMIT went, or nothing began
 
     def _rollback(self) -> Any:
         if self.batches and self.connection is not None:
             self.connection.agora_pending = []
+            settled(self.connection, sent=False)
         return super()._rollback()
 
     def create_cursor(self, name: str | None = None) -> Any:
         if name and self.batches and (before := lead(self.connection)):
-            base.Cursor(self.connection).execute("; ".join(before))  # a named cursor's DECLARE comes after them
+            send(self.connection, "; ".join(before))  # a named cursor's DECLARE comes after them
         return super().create_cursor(name)
 
     def defer(self, sql: str, params: Any) -> None:
         """Run a write whose outcome nobody reads with the next statement or the COMMIT; at once
         where that cannot be (outside a transaction, or with server-side binding)."""
         if self.batches and not self.get_autocommit():
-            with self.connection.cursor() as cursor:
-                self.connection.agora_pending.append(base.Cursor.mogrify(cursor, sql, params))
+            conn = self.connection
+            if isinstance(sql, Statement) and isinstance(params, list | tuple):
+                sql = as_prepared(conn, sql, params)
+            with conn.cursor() as cursor:
+                conn.agora_pending.append(base.Cursor.mogrify(cursor, sql, params))
             return
         with self.cursor() as cursor:
             cursor.execute(sql, params)

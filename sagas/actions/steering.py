@@ -7,7 +7,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db, defer, fetch, update
+from config.sql import columns, db, defer, fetch, prepared, update
 from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
@@ -23,13 +23,15 @@ from sagas.wakeups import publish_after_commit, ring_run_after_commit, steering_
 # in one message: config.sql.defer).
 _NEXT_STEERING_SEQ_SQL = f"UPDATE {Collaborator._meta.db_table} SET steering_seq = steering_seq + 1 WHERE id = %s"
 _PUSHED = ("kind", "sender", "request", "human_request", "broadcast", "payload", "created_at")
-_PUSH_SQL = (
+_PUSH_SQL = prepared(
     f"INSERT INTO {SteeringItem._meta.db_table} (recipient_id, seq, "
     + ", ".join(SteeringItem._meta.get_field(name).column for name in _PUSHED)  # type: ignore[union-attr, misc]
     + f") SELECT id, steering_seq, {', '.join(['%s'] * len(_PUSHED))} FROM {Collaborator._meta.db_table} "
     "WHERE id = %s RETURNING id, seq"
 )
-_WAKE_SQL = f"UPDATE {Run._meta.db_table} SET status = %s WHERE collaborator_id = %s AND status = %s RETURNING id"
+_WAKE_SQL = prepared(
+    f"UPDATE {Run._meta.db_table} SET status = %s WHERE collaborator_id = %s AND status = %s RETURNING id"
+)
 
 
 def push_steering(
@@ -122,7 +124,7 @@ def consume_steering(
         with connection.cursor() as cursor:
             ids = ", ".join(["%s"] * len(requests))
             cursor.execute(
-                _DELIVER_SQL.format(ids=ids),
+                prepared(_DELIVER_SQL.format(ids=ids)),
                 [AgentRequest.Status.DELIVERED.value, AgentRequest.Status.PENDING.value, *requests],
             )
             delivered = {row[0] for row in cursor.fetchall()}
@@ -166,4 +168,6 @@ def has_unread(collaborator: Collaborator) -> bool:
         return cursor.fetchone() is not None
 
 
-_ANY_UNREAD_SQL = f"SELECT 1 FROM {SteeringItem._meta.db_table} WHERE recipient_id = %s AND consumed_at IS NULL LIMIT 1"
+_ANY_UNREAD_SQL = prepared(
+    f"SELECT 1 FROM {SteeringItem._meta.db_table} WHERE recipient_id = %s AND consumed_at IS NULL LIMIT 1"
+)

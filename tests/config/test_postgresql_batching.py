@@ -4,6 +4,7 @@ the same statements in the same order, the same outcome. Round trips are counted
 with libpq's protocol trace: each ends with the server's ReadyForQuery."""
 
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -11,7 +12,8 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from psycopg import pq
 
-from config.sql import defer
+from config.postgresql.base import numbered
+from config.sql import defer, prepared
 
 pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the PostgreSQL backend's"),
@@ -117,3 +119,73 @@ def test_outside_a_transaction_a_deferred_write_runs_at_once(table: str) -> None
     defer(f"INSERT INTO {table} VALUES (%s, %s)", [1, "now"])
     assert connection.connection.info.transaction_status == pq.TransactionStatus.IDLE
     assert rows(table) == [(1, "now")]
+
+
+def fresh(sql: str) -> str:
+    """A statement this connection has not prepared yet (it keeps what it prepared across tests)."""
+    return prepared(f"{sql} /* {uuid.uuid4().hex} */")
+
+
+def test_a_hot_statement_is_prepared_once_then_executed(table: str) -> None:
+    insert = fresh(f"INSERT INTO {table} VALUES (%s, %s)")
+    count = fresh(f"SELECT COUNT(*) FROM {table} WHERE note LIKE %s")
+    with wire() as sent:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(insert, [1, "one"])
+            cursor.execute(insert, [2, "50% two"])
+            defer(insert, [3, "three"])
+        with connection.cursor() as cursor:
+            cursor.execute(count, ["%two"])
+            first = cursor.fetchone()
+            cursor.execute(count, ["%o%"])
+            second = cursor.fetchone()
+    messages = sent()
+    assert messages[0].startswith("BEGIN; PREPARE agora_") and "; EXECUTE agora_" in messages[0]
+    assert messages[1].startswith("EXECUTE agora_") and "'50% two'" in messages[1]
+    assert messages[2].startswith("EXECUTE agora_") and messages[2].endswith("; COMMIT")
+    assert messages[3].startswith("PREPARE agora_") and "LIKE $1 " in messages[3] and "; EXECUTE agora_" in messages[3]
+    assert messages[4].startswith("EXECUTE agora_")
+    assert (first, second) == ((1,), (2,))
+    assert rows(table) == [(1, "one"), (2, "50% two"), (3, "three")]
+
+
+def test_a_rollback_keeps_what_was_prepared(table: str) -> None:
+    insert = fresh(f"INSERT INTO {table} VALUES (%s, %s)")
+    with pytest.raises(RuntimeError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(insert, [1, "rolled back"])
+        raise RuntimeError
+    with wire() as sent, connection.cursor() as cursor:
+        cursor.execute(insert, [2, "kept"])
+    assert sent()[0].startswith("EXECUTE agora_")
+    assert rows(table) == [(2, "kept")]
+
+
+def test_a_message_that_fails_before_its_prepare_forgets_it(table: str) -> None:
+    insert = fresh(f"INSERT INTO {table} VALUES (%s, %s)")
+    select = fresh(f"SELECT note FROM {table} WHERE id = %s")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        defer(f"INSERT INTO {table} VALUES (%s, %s)", [1, "first"])
+        defer(f"INSERT INTO {table} VALUES (%s, %s)", [1, "a duplicate: the message stops here"])
+        with connection.cursor() as cursor:
+            cursor.execute(select, [1])
+    with wire() as sent, connection.cursor() as cursor:  # prepared again, under another name
+        cursor.execute(select, [1])
+        assert cursor.fetchone() is None
+        cursor.execute(insert, [2, "after"])
+    assert sent()[0].startswith("PREPARE agora_")
+    assert rows(table) == [(2, "after")]
+
+
+def test_a_prepare_dropped_with_its_savepoint_is_sent_again(table: str) -> None:
+    insert = fresh(f"INSERT INTO {table} VALUES (%s, %s)")
+    with transaction.atomic():
+        with pytest.raises(RuntimeError), transaction.atomic():
+            defer(insert, [1, "undone, never sent, nor its PREPARE"])
+            raise RuntimeError
+        defer(insert, [2, "kept"])
+    assert rows(table) == [(2, "kept")]
+
+
+def test_placeholders_are_numbered_and_percent_signs_kept() -> None:
+    assert numbered("SELECT %s, '100%%', %s") == ("SELECT $1, '100%', $2", 2)
+    assert numbered("SELECT %(name)s") is None

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from django.db import DatabaseError, connection
 
+from config.postgresql.base import numbered
+
 BASE = Path(__file__).resolve().parents[2]
 APPS = ["accounts", "agents", "config", "gateways", "journal", "sagas"]
 # What the statements with a part filled in at run time are completed with.
@@ -55,6 +57,13 @@ def test_each_statement_compiles_against_the_schema(module: str, name: str) -> N
     with connection.cursor() as cursor:
         # EXPLAIN plans the statement (every table and column resolved) without running it.
         cursor.execute(f"EXPLAIN {sql}", [None] * sql.count("%s"))
+        if connection.vendor == "postgresql":
+            # The hot paths' statements are prepared (config/postgresql/base.py): the server must
+            # infer every parameter's type from where it stands, without the literals' help.
+            shape = numbered(sql)
+            assert shape is not None, sql
+            cursor.execute(f"PREPARE statement_probe AS {shape[0]}")
+            cursor.execute("DEALLOCATE statement_probe")
 
 
 def test_a_renamed_column_fails() -> None:
