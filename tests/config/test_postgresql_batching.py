@@ -11,7 +11,11 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from psycopg import pq
 
+from accounts.models import User
 from config.sql import defer
+from sagas import actions
+from sagas.actions.requests import _ASK_SQL
+from tests.sagas.conftest import build_team
 
 pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the PostgreSQL backend's"),
@@ -117,3 +121,19 @@ def test_outside_a_transaction_a_deferred_write_runs_at_once(table: str) -> None
     defer(f"INSERT INTO {table} VALUES (%s, %s)", [1, "now"])
     assert connection.connection.info.transaction_status == pq.TransactionStatus.IDLE
     assert rows(table) == [(1, "now")]
+
+
+def test_an_ask_in_a_turn_reads_in_the_message_that_takes_the_saga_lock(alice: User) -> None:
+    """A turn's transaction (the saga's lock held, its copy current): BEGIN, the lock and the ask's
+    one read (the recipient and its run, the grant, the limits, the saga's status) go in the first
+    message; its writes in two more, then the COMMIT."""
+    lead = build_team(owner=alice)["lead"]
+    connection.ensure_connection()
+    with wire() as sent, actions.saga_transaction(lead.saga, current=True):
+        actions.ask_agent(sender=lead, to="agent:coder", type="ping", payload={})
+    messages = sent()
+    first = messages[0].split("; ")
+    assert first[0] == "BEGIN" and first[1].endswith("FOR NO KEY UPDATE")
+    assert first[-1].startswith(_ASK_SQL.split("%s")[0])
+    assert len(messages) == 4, messages  # with one read for each of those: 7
+    assert all(not m.startswith("SELECT") for m in messages[1:])
