@@ -40,9 +40,10 @@ def lock_saga(saga_id: Any) -> Saga:
 
 
 def lock_open_saga(saga_id: Any) -> Saga:
-    """lock_saga() for the writes that start work (a collaborator joins, an ask, a form, a spawn, a
-    broadcast, a steering message): a finished saga refuses them with `saga_finished`. What ends
-    work (replies, cancellations, a turn coming to rest, shutdowns) takes lock_saga() and goes on."""
+    """lock_saga() for the writes that start work (a collaborator joins, a form, a spawn, a
+    broadcast, a steering message): a finished saga refuses them with `saga_finished`. An ask does
+    the same with lock_saga() and check_open(), reading the status with the rest it decides on.
+    What ends work (replies, cancellations, a turn coming to rest, shutdowns) takes lock_saga()."""
     saga = lock_saga(saga_id)
     status = saga.status
     held = _held_lock.get()
