@@ -180,8 +180,9 @@ class Turns:
     def transaction(self, *, claim: bool = False) -> Iterator[None]:
         """One of the turns' transactions: under the saga's lock (taken first, as by every kernel
         write: one lock order, no deadlocks), first the claim or a renewal of the lease, which
-        proves this task holds the turn, and last the new transcript entries."""
-        with actions.saga_transaction(self.collaborator.saga):
+        proves this task holds the turn, and last the new transcript entries. That proof is also
+        what makes the saga's copy `current` (saga_transaction): its status is not read again."""
+        with actions.saga_transaction(self.collaborator.saga, current=True):
             if not (
                 actions.take_turn(self.run, worker=self.worker)
                 if claim

@@ -83,10 +83,11 @@ def load(model: type[M], values: Sequence[Any], conn: BaseDatabaseWrapper | None
     return model.from_db(conn.alias, [f.attname for f in fields], row)
 
 
-def fetch(sql: str, params: Sequence[Any], *shape: type[models.Model]) -> list[list[Any]]:
+def fetch(sql: str, params: Sequence[Any], *shape: type[models.Model], plain: int = 0) -> list[list[Any]]:
     """Run a SELECT of columns(...) of each model of `shape` in turn, and load each row as one
-    instance per model; None for a model an outer join found no row of (a NULL primary key)."""
-    spans, start = [], 0
+    instance per model; None for a model an outer join found no row of (a NULL primary key). With
+    `plain`, the select list starts with that many other values, which lead each row as read."""
+    spans, start = [], plain
     for model in shape:
         fields = model._meta.concrete_fields
         spans.append((model, start, start + len(fields), start + fields.index(model._meta.pk)))
@@ -95,12 +96,15 @@ def fetch(sql: str, params: Sequence[Any], *shape: type[models.Model]) -> list[l
     with conn.cursor() as cursor:
         cursor.execute(Statement(sql), params)
         rows = cursor.fetchall()
-    return [[None if row[pk] is None else load(model, row[a:b], conn) for model, a, b, pk in spans] for row in rows]
+    return [
+        [*row[:plain], *(None if row[pk] is None else load(model, row[a:b], conn) for model, a, b, pk in spans)]
+        for row in rows
+    ]
 
 
-def fetch_one(sql: str, params: Sequence[Any], *shape: type[models.Model]) -> list[Any] | None:
+def fetch_one(sql: str, params: Sequence[Any], *shape: type[models.Model], plain: int = 0) -> list[Any] | None:
     """fetch() for a lookup that finds one row or none."""
-    rows = fetch(sql, params, *shape)
+    rows = fetch(sql, params, *shape, plain=plain)
     return rows[0] if rows else None
 
 

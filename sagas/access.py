@@ -132,21 +132,32 @@ def sync_address_grants(saga: Saga) -> None:
     )
 
 
-def may_address(sender: Collaborator, recipient: Collaborator) -> bool:
+def may_address(sender: Collaborator, recipient: Collaborator, *, granted: bool | None = None) -> bool:
     """The `address_collaborator` object permission, read from guardian's table with one plain
-    statement: agents hold it directly (never through a group), and every ask reads it."""
+    statement: agents hold it directly (never through a group), and every ask reads it. `granted`:
+    whether the grant exists, as a caller read it already (ask_agent, in its own statement, with
+    address_grant_sql())."""
     if not sender.user.is_active:
         return False
+    if granted is not None:
+        return granted
     with connection.cursor() as cursor:
         cursor.execute(_MAY_ADDRESS_SQL, [sender.user_id, str(recipient.pk), ADDRESS_PERM])
         return cursor.fetchone() is not None
 
 
-_MAY_ADDRESS_SQL = (
-    f"SELECT 1 FROM {UserObjectPermission._meta.db_table} AS grant_ "
-    f"JOIN {Permission._meta.db_table} AS perm ON perm.id = grant_.permission_id "
-    "WHERE grant_.user_id = %s AND grant_.object_pk = %s AND perm.codename = %s LIMIT 1"
-)
+def address_grant_sql(object_pk: str) -> str:
+    """The rows of the `address_collaborator` grant (`%s` its codename) of a user (`%s` its id, the
+    statement's first parameter) on the collaborator whose id, as text, is `object_pk` (a `%s` or
+    an expression of the enclosing statement)."""
+    return (
+        f"SELECT 1 FROM {UserObjectPermission._meta.db_table} AS grant_ "
+        f"JOIN {Permission._meta.db_table} AS perm ON perm.id = grant_.permission_id "
+        f"WHERE grant_.user_id = %s AND grant_.object_pk = {object_pk} AND perm.codename = %s"
+    )
+
+
+_MAY_ADDRESS_SQL = address_grant_sql("%s") + " LIMIT 1"
 
 
 def may_manage(user: Any, saga: Saga) -> bool:

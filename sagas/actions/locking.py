@@ -7,23 +7,29 @@ head, so taking that place in line first costs nothing and rules out lock-order 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connection, transaction
 
-from config.sql import defer
+from config.sql import db_value, defer
 from sagas import errors
 from sagas.models import Saga
 
+
+class HeldLock(NamedTuple):
+    saga: Saga
+    current: bool  # the copy's status is known to be the row's (see saga_transaction)
+
+
 # The saga whose row lock the current transaction holds, set by saga_transaction(): the actions
 # called inside it find the lock taken and do not ask for it again.
-_held_lock: ContextVar[Saga | None] = ContextVar("held_saga_lock", default=None)
+_held_lock: ContextVar[HeldLock | None] = ContextVar("held_saga_lock", default=None)
 
 
 def lock_saga(saga_id: Any) -> Saga:
     held = _held_lock.get()
-    if held is not None and str(held.pk) == str(saga_id):
-        return held
+    if held is not None and str(held.saga.pk) == str(saga_id):
+        return held.saga
     # NO KEY UPDATE: writers of one saga queue here, but inserts that merely reference the saga
     # (journal events, requests) take KEY SHARE on it and must not wait behind us, or a writer
     # holding a journal head while inserting its event deadlocks with us.
@@ -34,39 +40,52 @@ def lock_saga(saga_id: Any) -> Saga:
 
 
 def lock_open_saga(saga_id: Any) -> Saga:
-    """lock_saga() for the writes that start work (a collaborator joins, an ask, a form, a spawn, a
-    broadcast, a steering message): a finished saga refuses them with `saga_finished`. What ends
-    work (replies, cancellations, a turn coming to rest, shutdowns) takes lock_saga() and goes on."""
+    """lock_saga() for the writes that start work (a collaborator joins, a form, a spawn, a
+    broadcast, a steering message): a finished saga refuses them with `saga_finished`. An ask does
+    the same with lock_saga() and check_open(), reading the status with the rest it decides on.
+    What ends work (replies, cancellations, a turn coming to rest, shutdowns) takes lock_saga()."""
     saga = lock_saga(saga_id)
     status = saga.status
-    if _held_lock.get() is saga:
+    held = _held_lock.get()
+    if held is not None and held.saga is saga and not held.current:
         # The copy saga_transaction() was given may have been read before a finish that committed
         # ahead of this transaction (an orchestration step's copy, read before its router call).
-        status = Saga.objects.filter(pk=saga.pk).values_list("status", flat=True).first() or status
-    if status != Saga.Status.OPEN:
-        raise errors.SagaFinished(f"The saga is {status}: it takes no new work.", saga_status=status)
+        with connection.cursor() as cursor:
+            cursor.execute(_STATUS_SQL, [db_value(Saga, "id", saga.pk)])
+            row = cursor.fetchone()
+        status = row[0] if row else status
+    check_open(status)
     return saga
 
 
+def check_open(status: str) -> None:
+    """A finished saga (`status`, as read under its lock) refuses the writes that start work."""
+    if status != Saga.Status.OPEN:
+        raise errors.SagaFinished(f"The saga is {status}: it takes no new work.", saga_status=status)
+
+
 _LOCK_SQL = f"SELECT 1 FROM {Saga._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
+_STATUS_SQL = f"SELECT status FROM {Saga._meta.db_table} WHERE id = %s"
 
 
 @contextmanager
-def saga_transaction(saga: Saga) -> Iterator[Saga]:
+def saga_transaction(saga: Saga, *, current: bool = False) -> Iterator[Saga]:
     """A transaction that takes the saga's lock first and holds it to the end, for callers that
     run several actions in one transaction (a turn of an internal run).
 
     The caller's copy serves and nothing is read. On SQLite, BEGIN IMMEDIATE has already taken the
     database's one write lock; elsewhere the row lock goes first, in one message with the
     transaction's first statement (config.sql.defer). The row's one column that changes, `status`,
-    changes only in finish_saga(), which ends every run of the saga in the same transaction; a
-    turn's transaction starts by proving its run's lease (take_turn, renew_lease), so none acts on a
-    finished saga, and lock_open_saga() reads the status again for the writes that start work.
+    changes only in finish_saga(), which ends every run of the saga in the same transaction. So
+    lock_open_saga() reads the status again for the writes that start work, unless the caller says
+    its copy is `current`: a turn's transaction, which starts by proving its run's lease under this
+    lock (take_turn, renew_lease) and ends if it cannot; a run that still holds its lease there
+    belongs to a saga that was open when the lock was taken, and stays so until it is released.
     """
     with transaction.atomic():
         if connection.vendor != "sqlite":
             defer(_LOCK_SQL, [saga.pk])
-        token = _held_lock.set(saga)
+        token = _held_lock.set(HeldLock(saga, current))
         try:
             yield saga
         finally:

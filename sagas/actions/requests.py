@@ -5,19 +5,20 @@ import json
 import math
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.models import User
 from config.sql import columns, db_value, fetch_one, insert, update
 from journal.actions import record
 from sagas import errors
-from sagas.access import SagaTree, may_address, may_manage
-from sagas.actions.locking import lock_open_saga, lock_saga
+from sagas.access import ADDRESS_PERM, SagaTree, address_grant_sql, may_address, may_manage
+from sagas.actions.locking import check_open, lock_saga
 from sagas.actions.payloads import check_payload
 from sagas.actions.steering import push_steering, resume_waiter, waits_over_http
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
@@ -68,10 +69,12 @@ def ask_agent(
     if wait_s <= 0:
         raise errors.InvalidPayload("Bad timeout.", errors={"timeout_s": ["Must be positive."]})
     digest = body_hash(to=to, type=type, payload=payload, mode=mode)
-    saga = lock_open_saga(sender.saga_id)
+    saga = lock_saga(sender.saga_id)
+    facts = read_ask(saga, sender, to.partition(":")[2])
+    check_open(facts.saga_status)  # as lock_open_saga() would, with the status read just now
     now = timezone.now()
     try:
-        recipient, hop = check_ask(saga, sender, to, mode, now=now)
+        recipient, hop = check_ask(saga, sender, to, mode, facts, now=now)
     except errors.KernelError:
         # A key that was used before answers with its request, whatever has changed since.
         if idempotency_key and (first := replay(sender, idempotency_key, digest)):
@@ -118,22 +121,57 @@ def ask_agent(
     return request, True
 
 
-# What the limits of one ask read, in one statement (it runs on every ask): the sender's open
-# requests, the deepest hop among the open requests it received, the recipient's unread steering.
+@dataclass(frozen=True)
+class AskFacts:
+    """What one ask reads, in one statement (it runs on every ask, _ASK_SQL)."""
+
+    saga_status: str  # read under the saga's lock, whatever copy of the saga the caller holds
+    recipient: Collaborator | None  # the saga's agent of that name, with its run
+    granted: bool  # whether the sender holds the `address_collaborator` grant on it
+    sent: int  # the sender's open requests
+    deepest: int | None  # the deepest hop among the open requests the sender received
+    backlog: int  # the recipient's unread steering
+
+
+def read_ask(saga: Saga, sender: Collaborator, name: str) -> AskFacts:
+    """What check_ask() and check_open() decide on, for an ask of the agent `name`."""
+    params = [
+        sender.user_id, ADDRESS_PERM, sender.pk, *_OPEN_STATUSES, sender.pk, *_OPEN_STATUSES,
+        Collaborator.Kind.AGENT.value, name, db_value(Saga, "id", saga.pk),
+    ]  # fmt: skip
+    row = fetch_one(_ASK_SQL, params, Collaborator, Run, plain=5)
+    if row is None:  # the saga row itself is gone (deleted)
+        raise errors.NotFound(f"No saga {saga.pk}.")
+    status, granted, sent, deepest, backlog, collaborator, run = row
+    if collaborator is not None and run is not None:
+        run.collaborator = collaborator  # and collaborator.run is run
+    recipient = collaborator if run is not None else None
+    return AskFacts(status, recipient, bool(granted), sent, deepest, backlog)
+
+
 _OPEN_STATUSES = [status.value for status in AgentRequest.OPEN]
 _OPEN = ", ".join(["%s"] * len(_OPEN_STATUSES))
-_LIMITS_SQL = (
-    f"SELECT (SELECT COUNT(*) FROM {AgentRequest._meta.db_table} WHERE sender_id = %s AND status IN ({_OPEN})), "
+# From the saga row, so that its status comes back whether or not the recipient exists (a finished
+# saga refuses first). The grant is matched on the recipient's id as text: guardian keeps object
+# keys in a text column.
+_ASK_SQL = (
+    f"SELECT s.status, EXISTS ({address_grant_sql('CAST(c.id AS TEXT)')}), "
+    f"(SELECT COUNT(*) FROM {AgentRequest._meta.db_table} WHERE sender_id = %s AND status IN ({_OPEN})), "
     f"(SELECT MAX(hop) FROM {AgentRequest._meta.db_table} WHERE recipient_id = %s AND status IN ({_OPEN})), "
-    f"(SELECT COUNT(*) FROM {SteeringItem._meta.db_table} WHERE recipient_id = %s AND consumed_at IS NULL)"
+    f"(SELECT COUNT(*) FROM {SteeringItem._meta.db_table} WHERE recipient_id = c.id AND consumed_at IS NULL), "
+    f"{columns(Collaborator, 'c')}, {columns(Run, 'r')} FROM {Saga._meta.db_table} s "
+    f"LEFT JOIN {Collaborator._meta.db_table} c ON c.saga_id = s.id AND c.kind = %s AND c.name = %s "
+    f"LEFT JOIN {Run._meta.db_table} r ON r.collaborator_id = c.id WHERE s.id = %s"
 )
 
 
-def check_ask(saga: Saga, sender: Collaborator, to: str, mode: str, *, now: Any) -> tuple[Collaborator, int]:
-    """Whether sender may ask `to` now: visible, addressable, available, within the limits.
-    Returns the recipient (with its run) and the new request's hop."""
-    kind, _, name = to.partition(":")
-    recipient = agent_with_run(saga, name) if kind == Collaborator.Kind.AGENT else None
+def check_ask(
+    saga: Saga, sender: Collaborator, to: str, mode: str, facts: AskFacts, *, now: Any
+) -> tuple[Collaborator, int]:
+    """Whether sender may ask `to` now: visible, addressable, available, within the limits, as
+    read_ask() found. Returns the recipient (with its run) and the new request's hop."""
+    kind = to.partition(":")[0]
+    recipient = facts.recipient if kind == Collaborator.Kind.AGENT else None  # an agent of that name
     if recipient is None:
         raise errors.NotFound(f"No collaborator {to} in this saga.")
     if recipient.pk == sender.pk:
@@ -141,44 +179,24 @@ def check_ask(saga: Saga, sender: Collaborator, to: str, mode: str, *, now: Any)
     # The address grants follow the saga tree (sync_address_grants) and every agent one may address
     # is one it sees: a grant settles it. Only a refusal needs the tree, to tell an agent the
     # sender cannot see (404, as for one that does not exist) from one it may not address.
-    if not may_address(sender, recipient):
+    if not may_address(sender, recipient, granted=facts.granted):
         if recipient.pk not in SagaTree.load(saga).visible_ids(sender):
             raise errors.NotFound(f"No collaborator {to} in this saga.")
         raise errors.NotAddressable(f"The saga's {saga.policy} policy does not let {sender.handle} address {to}.")
     if recipient.run.is_finished and not recipient.run.resumable:
         raise errors.RecipientUnavailable(f"{to} has {recipient.run.status} and cannot resume.")
-    with connection.cursor() as cursor:
-        cursor.execute(_LIMITS_SQL, [sender.pk, *_OPEN_STATUSES, sender.pk, *_OPEN_STATUSES, recipient.pk])
-        sent, deepest, backlog = cursor.fetchone()
-    if sent >= settings.AGORA_MAX_PENDING_PER_SENDER:
+    if facts.sent >= settings.AGORA_MAX_PENDING_PER_SENDER:
         raise errors.TooManyPending(
             f"{sender.handle} already has {settings.AGORA_MAX_PENDING_PER_SENDER} open requests."
         )
-    hop = (deepest or 0) + 1
+    hop = (facts.deepest or 0) + 1
     if hop > settings.AGORA_MAX_HOPS:
         raise errors.HopLimit(f"This would be hop {hop}; the limit is {settings.AGORA_MAX_HOPS}.")
-    if backlog >= settings.AGORA_MAX_STEERING_BACKLOG:
-        raise errors.TooManyPending(f"{recipient.handle} has {backlog} unread steering items.")
+    if facts.backlog >= settings.AGORA_MAX_STEERING_BACKLOG:
+        raise errors.TooManyPending(f"{recipient.handle} has {facts.backlog} unread steering items.")
     if mode == AgentRequest.Mode.WAIT:
         check_no_cycle(saga, sender, recipient, now=now)
     return recipient, hop
-
-
-def agent_with_run(saga: Saga, name: str) -> Collaborator | None:
-    """The saga's agent of that name, with its run."""
-    params = [db_value(Collaborator, "saga", saga.pk), Collaborator.Kind.AGENT.value, name]
-    row = fetch_one(_AGENT_WITH_RUN_SQL, params, Collaborator, Run)
-    if row is None:
-        return None
-    collaborator, run = row
-    run.collaborator = collaborator  # and collaborator.run is run
-    return collaborator
-
-
-_AGENT_WITH_RUN_SQL = (
-    f"SELECT {columns(Collaborator, 'c')}, {columns(Run, 'r')} FROM {Collaborator._meta.db_table} c "
-    f"JOIN {Run._meta.db_table} r ON r.collaborator_id = c.id WHERE c.saga_id = %s AND c.kind = %s AND c.name = %s"
-)
 
 
 def sender_run_id(collaborator: Collaborator) -> str:

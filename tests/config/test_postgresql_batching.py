@@ -3,6 +3,7 @@ and its deferred writes in one message with the next statement or the COMMIT: fe
 the same statements in the same order, the same outcome. Round trips are counted from the wire,
 with libpq's protocol trace: each ends with the server's ReadyForQuery."""
 
+import re
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -12,8 +13,12 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from psycopg import pq
 
+from accounts.models import User
 from config.postgresql.base import numbered
 from config.sql import defer, prepared
+from sagas import actions
+from sagas.actions.requests import _ASK_SQL
+from tests.sagas.conftest import build_team
 
 pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the PostgreSQL backend's"),
@@ -189,3 +194,25 @@ def test_a_prepare_dropped_with_its_savepoint_is_sent_again(table: str) -> None:
 def test_placeholders_are_numbered_and_percent_signs_kept() -> None:
     assert numbered("SELECT %s, '100%%', %s") == ("SELECT $1, '100%', $2", 2)
     assert numbered("SELECT %(name)s") is None
+
+
+def test_an_ask_in_a_turn_reads_in_the_message_that_takes_the_saga_lock(alice: User) -> None:
+    """A turn's transaction (the saga's lock held, its copy current): BEGIN, the lock and the ask's
+    one read (the recipient and its run, the grant, the limits, the saga's status) go in the first
+    message; its writes in two more, then the COMMIT."""
+    lead = build_team(owner=alice)["lead"]
+    connection.ensure_connection()
+    with wire() as sent, actions.saga_transaction(lead.saga, current=True):
+        actions.ask_agent(sender=lead, to="agent:coder", type="ping", payload={})
+    messages = [written_out(message) for message in sent()]
+    first = [statement for statement in messages[0].split("; ") if not statement.startswith("PREPARE ")]
+    assert first[0] == "BEGIN" and first[1].endswith("FOR NO KEY UPDATE")
+    assert first[-1].startswith(_ASK_SQL.split("%s")[0])
+    assert len(messages) == 4, messages  # with one read for each of those: 7
+    assert all(not m.startswith("SELECT") for m in messages[1:])
+
+
+def written_out(message: str) -> str:
+    """The message with each EXECUTE of a prepared statement written out as that statement."""
+    texts = {name: query for query, name in connection.connection.agora_prepared.items()}
+    return re.sub(r"EXECUTE (agora_\d+)(\([^;]*\))?", lambda m: texts[m.group(1)], message)

@@ -46,7 +46,7 @@ def runnable(sql: str) -> str:
 
 def test_the_statements_are_found() -> None:
     names = {name for _, name in statement_names()}
-    assert {"_NEXT_SEQ_SQL", "_LIMITS_SQL", "_QUEUED_RUN_SQL", "_INSERT_SQL", "_MAY_ADDRESS_SQL"} <= names
+    assert {"_NEXT_SEQ_SQL", "_ASK_SQL", "_QUEUED_RUN_SQL", "_INSERT_SQL", "_MAY_ADDRESS_SQL"} <= names
 
 
 @pytest.mark.parametrize(("module", "name"), statement_names())
@@ -67,8 +67,8 @@ def test_each_statement_compiles_against_the_schema(module: str, name: str) -> N
 
 
 def test_a_renamed_column_fails() -> None:
-    from sagas.actions.requests import _LIMITS_SQL
+    from sagas.actions.requests import _ASK_SQL
 
-    broken = _LIMITS_SQL.replace("recipient_id", "addressee_id")
+    broken = _ASK_SQL.replace("recipient_id", "addressee_id")
     with pytest.raises(DatabaseError, match="addressee_id"), connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN {broken}", [None] * broken.count("%s"))

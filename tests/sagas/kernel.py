@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from redis import Redis
 
 from accounts.models import User
@@ -159,3 +160,10 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
+
+
+def reads(captured: CaptureQueriesContext) -> list[str]:
+    """The statements that read, of those run meanwhile, but for the saga's row lock. PostgreSQL
+    gets some in one message with the next (config/postgresql/base.py): they are told apart here."""
+    statements = (part for query in captured.captured_queries for part in query["sql"].split("; "))
+    return [s for s in statements if s.startswith("SELECT") and not s.endswith("FOR NO KEY UPDATE")]

@@ -6,12 +6,15 @@ from typing import Any
 
 import pytest
 from django.conf import LazySettings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.models import User
 from journal.models import JournalEvent
 from sagas import errors
-from sagas.actions import add_agent, ask_agent, end_wait, finish_run, reply_to_request
+from sagas.actions import add_agent, ask_agent, end_wait, finish_run, reply_to_request, saga_transaction
+from sagas.actions.requests import _ASK_SQL
 from sagas.models import AgentRequest, Run, Saga, SteeringItem
 from tests.sagas.conftest import MakeTeam
 from tests.sagas.kernel import (
@@ -23,6 +26,7 @@ from tests.sagas.kernel import (
     last_seq,
     outcomes,
     queued_turns,
+    reads,
     request_ids,
     run_concurrently,
     steering,
@@ -294,6 +298,56 @@ def test_the_pending_cap_is_per_sender_and_frees_up_when_answered(team: Team, se
     reply_to_request(request_id=first.pk, by=team.user("coder"), payload={})
     ask_agent(sender=team["lead"], to="agent:scout", type="ping", payload={})
     assert AgentRequest.objects.filter(sender=team["lead"]).count() == 3
+
+
+# --- what an ask reads ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("to", "limit", "refusal"),
+    [
+        ("agent:coder", "", None),
+        ("agent:nobody", "", errors.NotFound),
+        ("human:bob", "", errors.NotFound),
+        ("agent:lead", "", errors.InvalidPayload),  # itself
+        ("agent:reviewer", "", errors.RecipientUnavailable),
+        ("agent:coder", "AGORA_MAX_PENDING_PER_SENDER", errors.TooManyPending),
+        ("agent:coder", "AGORA_MAX_HOPS", errors.HopLimit),
+        ("agent:coder", "AGORA_MAX_STEERING_BACKLOG", errors.TooManyPending),
+    ],
+)
+def test_in_a_turn_an_ask_reads_once_whatever_it_decides(
+    team: Team, settings: LazySettings, to: str, limit: str, refusal: type[errors.KernelError] | None
+) -> None:
+    """In a turn's transaction (the saga's lock held, its copy current) the recipient and its run,
+    the address grant, the three limits and the saga's status come in one statement."""
+    finish_run(run=team.run("reviewer"), status=Run.Status.COMPLETED)
+    if limit:
+        setattr(settings, limit, 0)
+    lead = team["lead"]
+    with CaptureQueriesContext(connection) as captured, saga_transaction(lead.saga, current=True):
+        if refusal is None:
+            ask_agent(sender=lead, to=to, type="ping", payload={})
+        else:
+            with pytest.raises(refusal):
+                ask_agent(sender=lead, to=to, type="ping", payload={})
+
+    [read] = reads(captured)
+    assert read.startswith(_ASK_SQL.split("%s")[0])
+
+
+def test_a_refusal_to_address_reads_the_tree_to_tell_it_from_one_not_found(make_team: MakeTeam) -> None:
+    team = make_team(policy=Saga.Policy.HUB)
+    coder = team["coder"]
+    with CaptureQueriesContext(connection) as captured, saga_transaction(coder.saga, current=True):
+        with pytest.raises(errors.NotAddressable):
+            ask_agent(sender=coder, to="agent:tester", type="ping", payload={})  # its delegate
+        with pytest.raises(errors.NotFound):
+            ask_agent(sender=coder, to="agent:reviewer", type="ping", payload={})  # a sibling, unseen under hub
+
+    statements = reads(captured)
+    assert len(statements) == 4  # per ask: its one statement, then the saga's tree
+    assert all(s.startswith(_ASK_SQL.split("%s")[0]) for s in statements[::2])
 
 
 # --- wait cycles -------------------------------------------------------------------------------

@@ -3,15 +3,18 @@ what it closes, and that a finished saga refuses new work even to a caller holdi
 (Through a real worker, with teams at work: tests/agents/test_saga_finish.py.)"""
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from accounts.models import User
 from journal.models import JournalEvent
 from sagas import actions, errors
+from sagas.actions.locking import lock_open_saga
 from sagas.models import AgentRequest, HumanRequest, Run, Saga
 from tests.sagas.api_http import client_for, problem
-from tests.sagas.kernel import Team, events_of
+from tests.sagas.kernel import Team, events_of, reads
 
 pytestmark = pytest.mark.usefixtures("fast_passwords")
 
@@ -95,6 +98,23 @@ def test_a_caller_holding_a_copy_from_before_the_finish_is_refused_too(team: Tea
     with actions.saga_transaction(stale), pytest.raises(errors.SagaFinished):
         actions.add_agent(saga=stale, name="late", role="R", task="t", runtime="external", by=alice)
     assert not team.saga.collaborators.filter(name="late").exists()
+    # An ask reads the status with the rest of what it decides on.
+    lead = team["lead"]
+    with actions.saga_transaction(stale), pytest.raises(errors.SagaFinished) as refused:
+        actions.ask_agent(sender=lead, to="agent:coder", type="ping", payload={})
+    assert refused.value.extra == {"saga_status": Saga.Status.COMPLETED}
+    assert not AgentRequest.objects.filter(saga=team.saga, status=AgentRequest.Status.PENDING).exists()
+
+
+def test_only_a_copy_not_known_current_has_its_status_read_again(team: Team) -> None:
+    """A turn's transaction says its copy is current (it proves its run's lease under the lock,
+    and finishing the saga ends every run): the writes that start work read nothing more there."""
+    with CaptureQueriesContext(connection) as current, actions.saga_transaction(team.saga, current=True):
+        lock_open_saga(team.saga.pk)
+    with CaptureQueriesContext(connection) as other, actions.saga_transaction(team.saga):
+        lock_open_saga(team.saga.pk)
+    assert reads(current) == []
+    assert len(reads(other)) == 1
 
 
 def test_the_dashboard_finishes_a_saga_without_javascript(team: Team, alice: User, bob: User) -> None:
