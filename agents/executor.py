@@ -34,7 +34,7 @@ from config.sql import columns, fetch_one, prepared
 from journal.actions import record
 from sagas import actions
 from sagas.metrics import count_round_trip
-from sagas.models import AgentRequest, Run, SteeringItem, Team
+from sagas.models import AgentRequest, Collaborator, Delegation, Run, SteeringItem, Team
 
 logger = logging.getLogger(__name__)
 
@@ -328,9 +328,10 @@ class Turns:
             f"{self.collaborator.task}\n\n{CONTEXT_HEADING}\n{self.context}" if self.context else self.collaborator.task
         )
         handoff = {"task": task, "role": self.collaborator.role}
-        delegation = getattr(self.collaborator, "delegation", None)
-        if delegation is not None:
-            handoff["from"] = delegation.delegator.handle
+        with connection.cursor() as cursor:
+            cursor.execute(_DELEGATOR_SQL, [self.collaborator.pk])
+            if (delegator := cursor.fetchone()) is not None:
+                handoff["from"] = ":".join(delegator)
         return scripted.header(kind="handoff", **{"from": handoff.get("from", "")}) + "\n" + json.dumps(handoff)
 
     def resume_wait(self) -> bool:
@@ -436,6 +437,13 @@ _TEAM_TOKENS_SQL = prepared(
     f"SELECT t.max_tokens, (SELECT COALESCE(SUM(e.tokens), 0) FROM {TranscriptEntry._meta.db_table} e "
     f"JOIN {Run._meta.db_table} r ON r.id = e.run_id WHERE r.team_id = t.id) FROM {Team._meta.db_table} t "
     "WHERE t.id = %s"
+)
+
+
+# Who delegated this run's task, as a handle (kind:name), if someone did.
+_DELEGATOR_SQL = prepared(
+    f"SELECT c.kind, c.name FROM {Delegation._meta.db_table} d JOIN {Collaborator._meta.db_table} c "
+    "ON c.id = d.delegator_id WHERE d.delegate_id = %s"
 )
 
 

@@ -13,9 +13,13 @@ again and finds its finished handlers stored.
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import connection
+
 from agents.hooks import Event, hook_key, run_hooks
 from agents.hooks.models import HookHandler
-from agents.orchestrator.models import Prompt
+from agents.orchestrator.models import Brain, Prompt
+from config.sql import db_value, prepared, py_value
+from sagas.models import Collaborator
 
 
 @dataclass(frozen=True)
@@ -42,16 +46,30 @@ def pending_start(saga_id: Any, name: str) -> Pending | None:
     """The SubagentStart to run for the run of `name` (`brain-….role`), or None: not a prompt's
     support worker (the primary, the reviewer), or no handler of its brain for that event."""
     lead, _, slot = name.partition(".")
-    prompt = Prompt.objects.select_related("brain").filter(saga_id=saga_id, lead__name=lead).first()
-    if prompt is None:
+    with connection.cursor() as cursor:
+        cursor.execute(_PENDING_SQL, [Event.SUBAGENT_START.value, True, db_value(Prompt, "saga", saga_id), lead])
+        row = cursor.fetchone()
+    if row is None:
         return None
-    worker = next((w for w in (prompt.plan or {}).get("workers", []) if w.get("role") == slot), None)
-    if worker is None or not HookHandler.objects.for_event(Event.SUBAGENT_START, brain=prompt.brain.name).exists():
+    prompt_id, plan, expanded, text, brain, handled = row
+    plan = py_value(Prompt, "plan", plan) or {}
+    worker = next((w for w in plan.get("workers", []) if w.get("role") == slot), None)
+    if worker is None or not handled:
         return None
     return Pending(
-        saga_id=saga_id, prompt_id=str(prompt.pk), brain=prompt.brain.name, role=slot,
-        goal=str(worker.get("goal", "")), prompt=prompt.expanded or prompt.text,
+        saga_id=saga_id, prompt_id=str(py_value(Prompt, "id", prompt_id)), brain=brain, role=slot,
+        goal=str(worker.get("goal", "")), prompt=expanded or text,
     )  # fmt: skip
+
+
+# The prompt a worker's lead runs, and whether its brain has a SubagentStart handler (for_event()),
+# in one plain statement: every support worker's first turn asks.
+_PENDING_SQL = prepared(
+    f"SELECT p.id, p.plan, p.expanded, p.text, b.name, EXISTS (SELECT 1 FROM {HookHandler._meta.db_table} h "
+    "WHERE h.event = %s AND h.trusted = %s AND (h.brain = '' OR h.brain = b.name)) "
+    f"FROM {Prompt._meta.db_table} p JOIN {Brain._meta.db_table} b ON b.id = p.brain_id "
+    f"JOIN {Collaborator._meta.db_table} c ON c.id = p.lead_id WHERE p.saga_id = %s AND c.name = %s"
+)
 
 
 def run_start(pending: Pending) -> Start:

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, fetch_one, update
+from config.sql import columns, defer, fetch, fetch_one, update
 from journal.actions import record
 from sagas import errors
 from sagas.actions.locking import lock_open_saga, lock_saga, saga_transaction
@@ -30,18 +30,19 @@ def finish_run(
     lock_saga(collaborator.saga_id)
     if status not in Run.FINISHED:
         raise errors.InvalidPayload(f"{status} is not a terminal run status.")
-    if not Run.objects.filter(pk=run.pk).exclude(status__in=Run.FINISHED).update(
-        status=status, result=result, error=error, lease_until=None, waiting_on=None,
-        waiting_on_remote=None, wait_until=None,
+    # Plain statements (config.sql): every prompt's worker ends here.
+    if not update(
+        Run, {"id": run.pk, "status": _UNFINISHED}, status=status, result=result, error=error, lease_until=None,
+        waiting_on=None, waiting_on_remote=None, wait_until=None,
     ):  # fmt: skip
         return False
     data = {"result": result, "error": error}
     if worker:
         data["worker"] = worker
-    Delegation.objects.filter(delegate=collaborator).update(status=DELEGATION_STATUS.get(status, "cancelled"))
-    AgentRequest.objects.filter(sender=collaborator, wait_deadline__isnull=False).update(wait_deadline=None)
-    stranded = AgentRequest.objects.filter(recipient=collaborator, status__in=AgentRequest.OPEN)
-    for request in stranded.select_related("sender", "recipient"):
+    update(Delegation, {"delegate": collaborator.pk}, later=True, status=DELEGATION_STATUS.get(status, "cancelled"))
+    defer(_END_WAITS_SQL, [collaborator.pk])
+    stranded = fetch(_STRANDED_SQL, [collaborator.pk, *_OPEN_REQUESTS], AgentRequest, Collaborator, Collaborator)
+    for request, request.sender, request.recipient in stranded:
         if settle(request, Status.RECIPIENT_UNAVAILABLE):
             close_request(request, actor=collaborator.handle, notify_recipient=False)
     record(
@@ -53,6 +54,20 @@ def finish_run(
     )
     return True
 
+
+_UNFINISHED = [status for status in Run.Status.values if status not in Run.FINISHED]
+_OPEN_REQUESTS = [status.value for status in AgentRequest.OPEN]
+# A finished run waits on nothing: its requests' wait edges end (the waits-for graph, check_no_cycle).
+_END_WAITS_SQL = (
+    f"UPDATE {AgentRequest._meta.db_table} SET wait_deadline = NULL WHERE sender_id = %s AND wait_deadline IS NOT NULL"
+)
+# The open requests addressed to it, with their sender and recipient (close_request() reads both).
+_STRANDED_SQL = (
+    f"SELECT {columns(AgentRequest, 'q')}, {columns(Collaborator, 's')}, {columns(Collaborator, 'r')} "
+    f"FROM {AgentRequest._meta.db_table} q JOIN {Collaborator._meta.db_table} s ON s.id = q.sender_id "
+    f"JOIN {Collaborator._meta.db_table} r ON r.id = q.recipient_id "
+    f"WHERE q.recipient_id = %s AND q.status IN ({', '.join(['%s'] * len(_OPEN_REQUESTS))}) ORDER BY q.created_at"
+)
 
 REMOTE_WAIT_GRACE_S = 2.0
 
