@@ -5,7 +5,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import models, transaction
 from django.utils import timezone
 
 from accounts.models import User
@@ -92,20 +92,36 @@ def lease_deadline() -> Any:
 
 def queued_run(run_id: str) -> Run | None:
     """The run, with what a turn needs of it (its collaborator, saga and user), if it is queued."""
-    row = fetch_one(_QUEUED_RUN_SQL, [run_id, Run.Status.QUEUED.value], Run, Collaborator, Saga, User)
+    row = fetch_queued_run(_QUEUED_RUN_SQL, run_id)
+    return None if row is None else row[0]
+
+
+def queued_run_sql(*, also: str = "", join: str = "") -> str:
+    """The read of a queued run (`r`) with its collaborator (`c`), saga and user. The runtime adds
+    what it needs of its own for the run's next task (`also`: more columns, from tables it `join`s),
+    in the same statement."""
+    return (
+        f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')}, {columns(Saga, 's')}, {columns(User, 'u')}"
+        + (f", {also} " if also else " ")
+        + f"FROM {Run._meta.db_table} r JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id "
+        f"JOIN {Saga._meta.db_table} s ON s.id = c.saga_id JOIN {User._meta.db_table} u ON u.id = c.user_id "
+        + (f"{join} " if join else "")
+        + "WHERE r.id = %s AND r.status = %s"
+    )
+
+
+def fetch_queued_run(sql: str, run_id: str, *also: type[models.Model]) -> list[Any] | None:
+    """Run a queued_run_sql() statement: the run, loaded as queued_run() loads it, then an instance
+    of each model of `also` (None where an outer join found none); None if the run is not queued."""
+    row = fetch_one(sql, [run_id, Run.Status.QUEUED.value], Run, Collaborator, Saga, User, *also)
     if row is None:
         return None
-    run, collaborator, collaborator.saga, collaborator.user = row
+    run, collaborator, collaborator.saga, collaborator.user, *more = row
     run.collaborator = collaborator
-    return run
+    return [run, *more]
 
 
-_QUEUED_RUN_SQL = (
-    f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')}, {columns(Saga, 's')}, {columns(User, 'u')} "
-    f"FROM {Run._meta.db_table} r JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id "
-    f"JOIN {Saga._meta.db_table} s ON s.id = c.saga_id JOIN {User._meta.db_table} u ON u.id = c.user_id "
-    "WHERE r.id = %s AND r.status = %s"
-)
+_QUEUED_RUN_SQL = queued_run_sql()
 
 
 def take_turn(run: Run, *, worker: str = "") -> bool:
