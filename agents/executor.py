@@ -104,7 +104,7 @@ def run_turn(run_id: str, *, worker: str = "") -> None:
     here: list[str] = []
     try:
         turns.execute()
-        keep_transcript(turns.transcript)
+        keep_transcript(turns.transcript, turn=turns.turn)
         if is_brain_worker(turns.collaborator.name):  # its orchestration may be ready to move on
             here = ring_orchestrator(turns.saga_id, turns.collaborator.name)
     except LostTurn:
@@ -153,7 +153,7 @@ class Turns:
 
     def execute(self) -> None:
         with self.transaction(claim=True):
-            self.transcript = take_transcript(self.run.pk)
+            self.transcript = take_transcript(self.run.pk, turn=self.turn - 1)
             pending = self.pending_start()
             go_on = pending is not None or self.begin()
         if pending is not None:
