@@ -30,7 +30,7 @@ from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
 from agents.transcripts import Transcript, keep_transcript, take_transcript
 from config import metrics
-from config.sql import columns, fetch_one, prepared
+from config.sql import columns, prepared
 from journal.actions import record
 from sagas import actions
 from sagas.metrics import count_round_trip
@@ -95,15 +95,16 @@ def heartbeat() -> Heartbeat:
 def run_turn(run_id: str, *, worker: str = "") -> None:
     """The turns of one run; `worker` is this worker's node name, recorded on the run and in the
     journal so that operators can tell which host ran what."""
-    run = actions.queued_run(run_id)
-    if run is None:
+    row = actions.fetch_queued_run(_QUEUED_RUN_SQL, run_id, AgentProfile)
+    if row is None:
         return  # a redelivered doorbell, or another worker holds the run
-    turns = Turns(run, worker=worker)
+    run, agent_profile = row
+    turns = Turns(run, agent_profile, worker=worker)
     heartbeat().add(turns)
     here: list[str] = []
     try:
         turns.execute()
-        keep_transcript(turns.transcript)
+        keep_transcript(turns.transcript, turn=turns.turn)
         if is_brain_worker(turns.collaborator.name):  # its orchestration may be ready to move on
             here = ring_orchestrator(turns.saga_id, turns.collaborator.name)
     except LostTurn:
@@ -117,6 +118,13 @@ def run_turn(run_id: str, *, worker: str = "") -> None:
         run_turn(next_run, worker=worker)
 
 
+# The run a task starts on, with its agent profile, in one statement: the kernel's read of a queued
+# run joined to the runtime's profiles.
+_QUEUED_RUN_SQL = actions.queued_run_sql(
+    also=columns(AgentProfile, "p"), join=f"LEFT JOIN {AgentProfile._meta.db_table} p ON p.name = c.profile"
+)
+
+
 class Turns:
     """The turns of one run that one task executes, back to back.
 
@@ -127,13 +135,13 @@ class Turns:
     A run with more to do keeps its worker for up to `AGORA_TURN_SLICE_S`, then goes back in line.
     """
 
-    def __init__(self, run: Run, *, worker: str = "") -> None:
+    def __init__(self, run: Run, profile: AgentProfile | None, *, worker: str = "") -> None:
         self.run = run
         self.worker = worker
         self.collaborator = run.collaborator
         self.saga_id = self.collaborator.saga_id
         self.turn = run.turn + 1  # once claimed
-        self.profile = profile(self.collaborator.profile)
+        self.profile = profile  # None: the turn fails the run (begin())
         self.slice_ends = time.monotonic() + settings.AGORA_TURN_SLICE_S
         # Read once the run is claimed: while this task holds its lease nobody else writes it.
         self.transcript = Transcript(run.pk)
@@ -145,7 +153,7 @@ class Turns:
 
     def execute(self) -> None:
         with self.transaction(claim=True):
-            self.transcript = take_transcript(self.run.pk)
+            self.transcript = take_transcript(self.run.pk, turn=self.turn - 1)
             pending = self.pending_start()
             go_on = pending is not None or self.begin()
         if pending is not None:
@@ -445,14 +453,6 @@ _DELEGATOR_SQL = prepared(
     f"SELECT c.kind, c.name FROM {Delegation._meta.db_table} d JOIN {Collaborator._meta.db_table} c "
     "ON c.id = d.delegator_id WHERE d.delegate_id = %s"
 )
-
-
-def profile(name: str) -> AgentProfile | None:
-    row = fetch_one(_PROFILE_SQL, [name], AgentProfile)
-    return None if row is None else row[0]
-
-
-_PROFILE_SQL = f"SELECT {columns(AgentProfile, 'p')} FROM {AgentProfile._meta.db_table} p WHERE p.name = %s"
 
 
 def ring_orchestrator(saga_id: Any, name: str) -> list[str]:

@@ -60,19 +60,27 @@ _READ_SQL = prepared(
 _INSERT_SQL = f"INSERT INTO {TranscriptEntry._meta.db_table} (run_id, seq, turn, message, tokens, created_at) VALUES "
 
 
-# The transcripts of the runs this process ran last, as of their tasks' last commit.
-_kept: OrderedDict[str, Transcript] = OrderedDict()
+# The transcripts of the runs this process ran last, as of their tasks' last commit, with the run's
+# turn then.
+_kept: OrderedDict[str, tuple[int, Transcript]] = OrderedDict()
 KEPT_TRANSCRIPTS = 64
 
 
-def take_transcript(run_id: str) -> Transcript:
-    transcript = _kept.pop(run_id, None) or Transcript(run_id)
-    transcript.read_new()
+def take_transcript(run_id: str, *, turn: int) -> Transcript:
+    """The run's transcript, in the transaction that claimed the run at `turn` (its turn number as
+    queued). Only turns write transcripts, and each claim moves the turn on: a copy kept at that
+    same turn is the whole transcript, and nothing needs reading."""
+    kept_turn, transcript = _kept.pop(run_id, (None, None))
+    if transcript is None:
+        transcript = Transcript(run_id)
+    if kept_turn != turn:
+        transcript.read_new()
     return transcript
 
 
-def keep_transcript(transcript: Transcript) -> None:
-    """Only after a task that ended normally: everything it holds is committed."""
-    _kept[transcript.run_id] = transcript
+def keep_transcript(transcript: Transcript, *, turn: int) -> None:
+    """Only after a task that ended normally: everything it holds is committed, and `turn` is the
+    run's turn number."""
+    _kept[transcript.run_id] = (turn, transcript)
     while len(_kept) > KEPT_TRANSCRIPTS:
         _kept.popitem(last=False)

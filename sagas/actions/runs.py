@@ -5,17 +5,16 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import models, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, defer, fetch, fetch_one, update
+from config.sql import columns, db, db_value, defer, fetch, fetch_one, update
 from journal.actions import record
 from sagas import errors
 from sagas.actions.locking import lock_open_saga, lock_saga, saga_transaction
 from sagas.actions.requests import Status, close_request, settle
-from sagas.actions.steering import has_unread
-from sagas.models import AgentRequest, Collaborator, Delegation, RemoteCall, Run, Saga
+from sagas.models import AgentRequest, Collaborator, Delegation, RemoteCall, Run, Saga, SteeringItem
 from sagas.wakeups import ring_run_after_commit
 
 
@@ -107,20 +106,36 @@ def lease_deadline() -> Any:
 
 def queued_run(run_id: str) -> Run | None:
     """The run, with what a turn needs of it (its collaborator, saga and user), if it is queued."""
-    row = fetch_one(_QUEUED_RUN_SQL, [run_id, Run.Status.QUEUED.value], Run, Collaborator, Saga, User)
+    row = fetch_queued_run(_QUEUED_RUN_SQL, run_id)
+    return None if row is None else row[0]
+
+
+def queued_run_sql(*, also: str = "", join: str = "") -> str:
+    """The read of a queued run (`r`) with its collaborator (`c`), saga and user. The runtime adds
+    what it needs of its own for the run's next task (`also`: more columns, from tables it `join`s),
+    in the same statement."""
+    return (
+        f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')}, {columns(Saga, 's')}, {columns(User, 'u')}"
+        + (f", {also} " if also else " ")
+        + f"FROM {Run._meta.db_table} r JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id "
+        f"JOIN {Saga._meta.db_table} s ON s.id = c.saga_id JOIN {User._meta.db_table} u ON u.id = c.user_id "
+        + (f"{join} " if join else "")
+        + "WHERE r.id = %s AND r.status = %s"
+    )
+
+
+def fetch_queued_run(sql: str, run_id: str, *also: type[models.Model]) -> list[Any] | None:
+    """Run a queued_run_sql() statement: the run, loaded as queued_run() loads it, then an instance
+    of each model of `also` (None where an outer join found none); None if the run is not queued."""
+    row = fetch_one(sql, [run_id, Run.Status.QUEUED.value], Run, Collaborator, Saga, User, *also)
     if row is None:
         return None
-    run, collaborator, collaborator.saga, collaborator.user = row
+    run, collaborator, collaborator.saga, collaborator.user, *more = row
     run.collaborator = collaborator
-    return run
+    return [run, *more]
 
 
-_QUEUED_RUN_SQL = (
-    f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')}, {columns(Saga, 's')}, {columns(User, 'u')} "
-    f"FROM {Run._meta.db_table} r JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id "
-    f"JOIN {Saga._meta.db_table} s ON s.id = c.saga_id JOIN {User._meta.db_table} u ON u.id = c.user_id "
-    "WHERE r.id = %s AND r.status = %s"
-)
+_QUEUED_RUN_SQL = queued_run_sql()
 
 
 def take_turn(run: Run, *, worker: str = "") -> bool:
@@ -224,15 +239,48 @@ def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str 
                 record_rest(run, Run.Status.WAITING, turn=turn, remote_call_id=call.pk)
             return Run.Status.WAITING
         more = True
-    status = Run.Status.QUEUED if more or has_unread(collaborator) else Run.Status.IDLE
-    if status == Run.Status.QUEUED and carry_on:
+    if more and carry_on:
         return Run.Status.RUNNING if renew_lease(run_id=run.pk, turn=turn, next_turn=True) else None
-    moved = update(Run, mine, status=status, lease_until=None, updated_at=timezone.now())
+    if more:
+        status: str | None = Run.Status.QUEUED
+        moved = update(Run, mine, status=status, lease_until=None, updated_at=timezone.now())
+    else:
+        status = rest_unless_steered(run, turn=turn, carry_on=carry_on)
+        moved = status is not None
     if moved and status == Run.Status.QUEUED:
         ring_run_after_commit(run.pk)
-    elif moved:
+    elif moved and status == Run.Status.IDLE:
         record_rest(run, status, turn=turn)
     return status
+
+
+def rest_unless_steered(run: Run, *, turn: int, carry_on: bool) -> str | None:
+    """The end of a turn with nothing more to do, in one statement: idle, unless steering is
+    unread; then queued, or with `carry_on` running the next turn under a fresh lease (as
+    renew_lease(next_turn=True) would). The run's new status; None when the turn was not its own."""
+    back = (Run.Status.RUNNING if carry_on else Run.Status.QUEUED).value
+    lease = db_value(Run, "lease_until", lease_deadline())
+    with db().cursor() as cursor:
+        cursor.execute(
+            _REST_UNLESS_STEERED_SQL,
+            [back, Run.Status.IDLE.value, carry_on, carry_on, lease, db_value(Run, "updated_at", timezone.now()),
+             run.collaborator_id, run.pk, Run.Status.RUNNING.value, turn],
+        )  # fmt: skip
+        row = cursor.fetchone()
+    return None if row is None else Run.Status(row[0])
+
+
+# The steering is read in the statement, under the saga lock that end_turn() holds. The lease's
+# NULL is the column's own (NULLIF of it with itself): PostgreSQL types the CASE from it, whatever
+# the new lease is bound as.
+_REST_UNLESS_STEERED_SQL = (
+    f"UPDATE {Run._meta.db_table} SET status = CASE WHEN x.unread THEN %s ELSE %s END, "
+    "turn = CASE WHEN x.unread AND %s THEN turn + 1 ELSE turn END, "
+    "lease_until = CASE WHEN x.unread AND %s THEN %s ELSE NULLIF(lease_until, lease_until) END, updated_at = %s "
+    f"FROM (SELECT EXISTS (SELECT 1 FROM {SteeringItem._meta.db_table} WHERE recipient_id = %s "
+    "AND consumed_at IS NULL) AS unread) x "
+    "WHERE id = %s AND status = %s AND turn = %s RETURNING status"
+)
 
 
 def record_rest(run: Run, status: str, *, turn: int, request_id: str = "", remote_call_id: str = "") -> None:

@@ -160,14 +160,3 @@ def steer(*, saga: Saga, to: Collaborator, message: Any, by: User) -> SteeringIt
     item = push_steering(recipient=to, kind=SteeringItem.Kind.MESSAGE, sender=sender, payload=message)
     record(saga_id=saga.pk, type="steering.message", actor=sender, data={"to": to.handle, "seq": item.seq})
     return item
-
-
-def has_unread(collaborator: Collaborator) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(_ANY_UNREAD_SQL, [collaborator.pk])
-        return cursor.fetchone() is not None
-
-
-_ANY_UNREAD_SQL = prepared(
-    f"SELECT 1 FROM {SteeringItem._meta.db_table} WHERE recipient_id = %s AND consumed_at IS NULL LIMIT 1"
-)

@@ -3,6 +3,7 @@ concurrently, and a fake clock. Every write still goes through `sagas.actions`."
 
 import base64
 import json
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -165,5 +166,13 @@ class Clock:
 def reads(captured: CaptureQueriesContext) -> list[str]:
     """The statements that read, of those run meanwhile, but for the saga's row lock. PostgreSQL
     gets some in one message with the next (config/postgresql/base.py): they are told apart here."""
-    statements = (part for query in captured.captured_queries for part in query["sql"].split("; "))
+    statements = (part for query in captured.captured_queries for part in written_out(query["sql"]).split("; "))
     return [s for s in statements if s.startswith("SELECT") and not s.endswith("FOR NO KEY UPDATE")]
+
+
+def written_out(message: str) -> str:
+    """A message sent to PostgreSQL with each EXECUTE of a statement prepared on this connection
+    (config/postgresql/base.py) written out as that statement, and the PREPAREs left out."""
+    texts = {name: query for query, name in (getattr(connection.connection, "agora_prepared", None) or {}).items()}
+    parts = [part for part in message.split("; ") if not part.startswith("PREPARE ")]
+    return re.sub(r"EXECUTE (agora_\d+)(\([^;]*\))?", lambda m: texts[m.group(1)], "; ".join(parts))

@@ -225,6 +225,28 @@ def test_a_turn_with_nothing_unread_goes_idle(make_team: MakeTeam) -> None:
     assert claim_turn(run_id=run.pk) is None  # an idle run is not claimable: only steering wakes it
 
 
+def test_a_turn_that_carries_on_with_something_unread_keeps_its_worker_for_the_next(
+    make_team: MakeTeam, redis_url: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    team = make_team(internal=["coder"])
+    run = claim_turn(run_id=team.run("coder").pk, worker="w1@host")
+    assert run is not None and run.lease_until is not None
+    request = ask(team, "lead", "coder")  # lands during turn 1
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert end_turn(run=run, turn=1, more=False, carry_on=True) == Run.Status.RUNNING
+
+    running = team.run("coder")
+    assert (running.status, running.turn, running.worker) == (Run.Status.RUNNING, 2, "w1@host")
+    assert running.lease_until is not None and running.lease_until >= run.lease_until  # a fresh lease
+    assert queued_turns(redis_url) == []  # nobody else is rung for it: this worker goes on
+    assert events_of(team.saga, "run.idle") == []
+    assert [i.request_id for i in consume_steering(recipient=team["coder"], turn=2)] == [request.pk]
+    # With nothing unread any more, the next turn's end is idle.
+    assert end_turn(run=run, turn=2, more=False, carry_on=True) == Run.Status.IDLE
+    assert team.run("coder").lease_until is None
+
+
 # --- steer -------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,112 @@
+"""What one task of an agent's turns costs the database, counted: the statements it runs and, on
+PostgreSQL, its round trips to the server (libpq's protocol trace, each ending with the server's
+ReadyForQuery). A change that adds a statement to every task fails here, not in a benchmark."""
+
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from psycopg import pq
+
+from accounts.models import User
+from agents.executor import run_turn
+from agents.models import AgentProfile
+from sagas import actions
+from sagas.models import Collaborator, Run, Saga
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Statements run through a cursor (on PostgreSQL, not counting what rides with them: BEGIN, the
+# savepoints and the deferred writes), and round trips to PostgreSQL, of a task that takes one
+# request, replies to it and goes idle: three turns of an agent that ran its first turn in this
+# process.
+STATEMENTS = {"sqlite": 35, "postgresql": 23}
+ROUND_TRIPS = 20
+
+
+@pytest.fixture
+def saga(alice: User) -> Saga:
+    AgentProfile.objects.create(name="echo", role="Echo", model="scripted:responder", tools=["reply", "finish"])
+    return actions.create_saga(title="Counted", owner=alice)
+
+
+def add(saga: Saga, alice: User, name: str, *, runtime: str, profile: str = "") -> Collaborator:
+    collaborator, _ = actions.add_agent(
+        saga=saga, name=name, role=name.title(), task="Answer", runtime=runtime, profile=profile, by=alice
+    )
+    return collaborator
+
+
+@contextmanager
+def round_trips() -> Iterator[Callable[[], int]]:
+    """The round trips to PostgreSQL meanwhile; 0 elsewhere."""
+    counted: list[int] = [0]
+    if connection.vendor != "postgresql":
+        yield lambda: counted[0]
+        return
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile() as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield lambda: counted[0]
+        finally:
+            pgconn.untrace()
+            trace.seek(0)
+            lines = trace.read().decode(errors="replace").splitlines()
+            counted[0] = sum(1 for line in lines if line.startswith("B\t") and "\tReadyForQuery\t" in line)
+
+
+def test_a_task_that_answers_a_request_costs_what_it_did(saga: Saga, alice: User) -> None:
+    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
+    asker = add(saga, alice, "asker", runtime="external")
+    run_turn(echo.run.pk)  # its first turn: the handoff, then idle
+    actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 1})
+
+    with CaptureQueriesContext(connection) as queries, round_trips() as trips:
+        run_turn(echo.run.pk)
+
+    run = Run.objects.get(pk=echo.run.pk)
+    assert (run.status, run.turn) == (Run.Status.IDLE, 3)
+    sent = [q["sql"] for q in queries.captured_queries]
+    listing = "\n".join(s[:160] for s in sent)
+    # The task starts with one read of the run and its profile; the turn's end reads the steering
+    # in the statement that moves the run to rest.
+    assert "agents_agentprofile" in sent[0] and not any("agents_agentprofile" in s for s in sent[1:]), listing
+    assert not any(s.startswith("SELECT 1 FROM sagas_steeringitem") for s in sent), listing
+    # The transcript this process kept from the first task is whole: nothing of it is read again.
+    assert not any(s.startswith("SELECT seq, message, tokens FROM agents_transcriptentry") for s in sent), listing
+    assert len(sent) == STATEMENTS[connection.vendor], listing
+    if connection.vendor == "postgresql":
+        assert trips() == ROUND_TRIPS
+
+
+def test_a_task_reads_the_transcript_when_another_process_ran_the_last_turn(saga: Saga, alice: User) -> None:
+    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
+    asker = add(saga, alice, "asker", runtime="external")
+    run_turn(echo.run.pk)
+    actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 1})
+    # As if another worker had run it: its turn has moved on since this process kept its transcript.
+    Run.objects.filter(pk=echo.run.pk).update(turn=5)
+
+    with CaptureQueriesContext(connection) as queries:
+        run_turn(echo.run.pk)
+
+    sent = [q["sql"] for q in queries.captured_queries]
+    assert any(s.startswith("SELECT seq, message, tokens FROM agents_transcriptentry") for s in sent)
+    transcript = Run.objects.get(pk=echo.run.pk).transcript.order_by("seq")
+    assert [entry.seq for entry in transcript] == list(range(1, len(transcript) + 1))  # appended, not rewritten
+
+
+def test_a_run_whose_profile_is_gone_fails_at_its_turn(saga: Saga, alice: User) -> None:
+    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
+    AgentProfile.objects.filter(name="echo").delete()
+
+    run_turn(echo.run.pk)
+
+    run = Run.objects.get(pk=echo.run.pk)
+    assert (run.status, run.error) == (Run.Status.FAILED, "No agent profile 'echo'.")
