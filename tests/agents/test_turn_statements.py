@@ -16,6 +16,7 @@ from agents.executor import run_turn
 from agents.models import AgentProfile
 from sagas import actions
 from sagas.models import Collaborator, Run, Saga
+from tests.sagas.kernel import written_out
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,7 +73,7 @@ def test_a_task_that_answers_a_request_costs_what_it_did(saga: Saga, alice: User
 
     run = Run.objects.get(pk=echo.run.pk)
     assert (run.status, run.turn) == (Run.Status.IDLE, 3)
-    sent = [q["sql"] for q in queries.captured_queries]
+    sent = [written_out(q["sql"]) for q in queries.captured_queries]
     listing = "\n".join(s[:160] for s in sent)
     # The task starts with one read of the run and its profile; the turn's end reads the steering
     # in the statement that moves the run to rest.
@@ -96,7 +97,7 @@ def test_a_task_reads_the_transcript_when_another_process_ran_the_last_turn(saga
     with CaptureQueriesContext(connection) as queries:
         run_turn(echo.run.pk)
 
-    sent = [q["sql"] for q in queries.captured_queries]
+    sent = [written_out(q["sql"]) for q in queries.captured_queries]
     assert any(s.startswith("SELECT seq, message, tokens FROM agents_transcriptentry") for s in sent)
     transcript = Run.objects.get(pk=echo.run.pk).transcript.order_by("seq")
     assert [entry.seq for entry in transcript] == list(range(1, len(transcript) + 1))  # appended, not rewritten
