@@ -122,6 +122,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["ENGINE"] = "config.postgresql"  # BEGIN goes with a first statement (config/postgresql/)
+    # The hot statements are prepared once per connection; off behind a pooler in transaction mode.
+    DATABASES["default"].setdefault("OPTIONS", {})["prepared_statements"] = env_bool("AGORA_PG_PREPARE", True)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "accounts.User"

@@ -13,7 +13,7 @@ from django.db import IntegrityError, connection, transaction
 from psycopg import pq
 
 from accounts.models import User
-from config.postgresql.base import numbered
+from config.postgresql.base import DatabaseWrapper, numbered
 from config.sql import defer, prepared
 from sagas import actions
 from sagas.actions.requests import _ASK_SQL
@@ -189,6 +189,20 @@ def test_a_prepare_dropped_with_its_savepoint_is_sent_again(table: str) -> None:
             raise RuntimeError
         defer(insert, [2, "kept"])
     assert rows(table) == [(2, "kept")]
+
+
+def test_preparing_can_be_switched_off() -> None:
+    options = {**connection.settings_dict["OPTIONS"], "prepared_statements": False}
+    other = DatabaseWrapper({**connection.settings_dict, "OPTIONS": options}, alias="unprepared")
+    try:
+        with other.cursor() as cursor:
+            for n in (1, 2):
+                cursor.execute(fresh("SELECT %s::int"), [n])
+            assert cursor.fetchone() == (2,)
+            cursor.execute("SELECT COUNT(*) FROM pg_prepared_statements")
+            assert cursor.fetchone() == (0,)
+    finally:
+        other.close()
 
 
 def test_placeholders_are_numbered_and_percent_signs_kept() -> None:
