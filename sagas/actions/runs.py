@@ -9,7 +9,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db, db_value, defer, fetch, fetch_one, update
+from config.sql import columns, db, db_value, defer, fetch, fetch_one, prepared, update
 from journal.actions import record
 from sagas import errors
 from sagas.actions.locking import lock_open_saga, lock_saga, saga_transaction
@@ -273,7 +273,7 @@ def rest_unless_steered(run: Run, *, turn: int, carry_on: bool) -> str | None:
 # The steering is read in the statement, under the saga lock that end_turn() holds. The lease's
 # NULL is the column's own (NULLIF of it with itself): PostgreSQL types the CASE from it, whatever
 # the new lease is bound as.
-_REST_UNLESS_STEERED_SQL = (
+_REST_UNLESS_STEERED_SQL = prepared(
     f"UPDATE {Run._meta.db_table} SET status = CASE WHEN x.unread THEN %s ELSE %s END, "
     "turn = CASE WHEN x.unread AND %s THEN turn + 1 ELSE turn END, "
     "lease_until = CASE WHEN x.unread AND %s THEN %s ELSE NULLIF(lease_until, lease_until) END, updated_at = %s "
