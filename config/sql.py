@@ -159,14 +159,23 @@ def insert(instance: M, *, later: bool = False) -> M:
     return instance
 
 
-def defer(sql: str, params: Sequence[Any]) -> None:
-    """Run a statement whose outcome the caller does not read (no result, no row count). On
-    PostgreSQL it goes in one message with the transaction's next statement or its COMMIT
-    (config/postgresql/base.py): a failure then fails the transaction there, so only for writes
-    whose failure fails the transaction anyway. Elsewhere it runs at once."""
+def flush() -> None:
+    """Send the deferred statements now (on PostgreSQL; elsewhere they ran at once)."""
+    if send := getattr(db(), "flush", None):
+        send()
+
+
+def defer(sql: str, params: Sequence[Any], then: Callable[[list[tuple[Any, ...]]], None] | None = None) -> None:
+    """Run a statement whose outcome the caller does not wait for (no row count; the rows it
+    returns, if `then` wants them, come to `then` later). On PostgreSQL it goes in one message with
+    the transaction's next statement or its COMMIT (config/postgresql/base.py): a failure then
+    fails the transaction there, so only for writes whose failure fails the transaction anyway.
+    Elsewhere it runs at once."""
     conn = db()
     if queue := getattr(conn, "defer", None):
-        queue(Statement(sql), params)
+        queue(Statement(sql), params, then)
         return
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
+        if then is not None:
+            then(cursor.fetchall())

@@ -34,6 +34,7 @@ Django's backend, and none is prepared here.
 """
 
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from itertools import count
 from typing import Any
@@ -109,6 +110,21 @@ def lead(conn: Any) -> list[str]:
     return statements
 
 
+class Read(str):
+    """A deferred statement whose rows somebody reads, once its message has gone: `then(rows)`."""
+
+    then: Callable[[list[tuple[Any, ...]]], None]
+
+
+def deliver(cursor: Any, before: list[str]) -> None:
+    """After a message went: each deferred read gets its rows, and the cursor moves on, result by
+    result, past the statements that went before the last one."""
+    for statement in before:
+        if isinstance(statement, Read):
+            statement.then(cursor.fetchall())
+        cursor.nextset()
+
+
 class Cursor(base.Cursor):
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         conn = self.connection
@@ -117,36 +133,36 @@ class Cursor(base.Cursor):
         before = lead(conn)
         if not before:
             return super().execute(query, params, **kwargs)
+        if not isinstance(query, str) or kwargs:  # a composed query goes on its own
+            send(conn, before)
+            return super().execute(query, params, **kwargs)
+        # The statements before it are bound already: with parameters, their % are literal.
+        sent = [statement.replace("%", "%%") for statement in before] if params is not None else before
         try:
-            if not isinstance(query, str) or kwargs:  # a composed query goes on its own
-                super().execute("; ".join(before))
-                settled(conn, sent=True)
-                return super().execute(query, params, **kwargs)
-            if params is not None:  # the statements before it are bound already: their % are literal
-                before = [statement.replace("%", "%%") for statement in before]
-            super().execute("; ".join([*before, query]), params)
+            super().execute("; ".join([*sent, query]), params)
         except BaseException:
             settled(conn, sent=False)
             raise
         settled(conn, sent=True)
-        for _ in before:
-            self.nextset()  # to the result of `query`
+        deliver(self, before)  # to the result of `query`
         return self
 
     def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> Any:
         if before := lead(self.connection):
-            send(self.connection, "; ".join(before))
+            send(self.connection, before)
         return super().executemany(query, params_seq, **kwargs)
 
 
-def send(conn: Any, statements: str) -> None:
-    """Send what was pending, on its own."""
+def send(conn: Any, before: list[str], *after: str) -> None:
+    """Send what was pending, on its own (with `after`: the COMMIT)."""
+    cursor = base.Cursor(conn)
     try:
-        base.Cursor(conn).execute(statements)
+        cursor.execute("; ".join([*before, *after]))
     except BaseException:
         settled(conn, sent=False)
         raise
     settled(conn, sent=True)
+    deliver(cursor, before)
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -227,7 +243,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             before = [s for s in lead(self.connection) if not s.startswith(("SAVEPOINT", "RELEASE"))]
             if any(not s.startswith("BEGIN") for s in before):
                 with self.wrap_database_errors:
-                    send(self.connection, "; ".join([*before, "COMMIT"]))
+                    send(self.connection, before, "COMMIT")
             settled(self.connection, sent=False)  # when nothing went: nothing was prepared
         return super()._commit()  # psycopg sends nothing when that COMMIT went, or nothing began
 
@@ -239,18 +255,31 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def create_cursor(self, name: str | None = None) -> Any:
         if name and self.batches and (before := lead(self.connection)):
-            send(self.connection, "; ".join(before))  # a named cursor's DECLARE comes after them
+            send(self.connection, before)  # a named cursor's DECLARE comes after them
         return super().create_cursor(name)
 
-    def defer(self, sql: str, params: Any) -> None:
-        """Run a write whose outcome nobody reads with the next statement or the COMMIT; at once
-        where that cannot be (outside a transaction, or with server-side binding)."""
+    def flush(self) -> None:
+        """Send what waits on the connection now: the rows a deferred read waits for come back."""
+        if self.batches and self.connection is not None and self.connection.agora_pending:
+            with self.wrap_database_errors:
+                send(self.connection, lead(self.connection))
+
+    def defer(self, sql: str, params: Any, then: Callable[[list[tuple[Any, ...]]], None] | None = None) -> None:
+        """Run a write whose outcome nobody waits for with the next statement or the COMMIT; at once
+        where that cannot be (outside a transaction, or with server-side binding). `then` gets the
+        rows it returns, once they come back (in the same transaction, before anything after it)."""
         if self.batches and not self.get_autocommit():
             conn = self.connection
             if isinstance(sql, Statement) and isinstance(params, list | tuple):
                 sql = as_prepared(conn, sql, params)
             with conn.cursor() as cursor:
-                conn.agora_pending.append(base.Cursor.mogrify(cursor, sql, params))
+                text = base.Cursor.mogrify(cursor, sql, params)
+            if then is not None:
+                text = Read(text)
+                text.then = then
+            conn.agora_pending.append(text)
             return
         with self.cursor() as cursor:
             cursor.execute(sql, params)
+            if then is not None:
+                then(cursor.fetchall())

@@ -213,7 +213,8 @@ def test_placeholders_are_numbered_and_percent_signs_kept() -> None:
 def test_an_ask_in_a_turn_reads_in_the_message_that_takes_the_saga_lock(alice: User) -> None:
     """A turn's transaction (the saga's lock held, its copy current): BEGIN, the lock and the ask's
     one read (the recipient and its run, the grant, the limits, the saga's status) go in the first
-    message; its writes in two more, then the COMMIT."""
+    message; the wake-up of the recipient's run (whose answer says whether to ring it) in a second;
+    the request, its steering and its journal event with the COMMIT."""
     lead = build_team(owner=alice)["lead"]
     connection.ensure_connection()
     with wire() as sent, actions.saga_transaction(lead.saga, current=True):
@@ -222,5 +223,6 @@ def test_an_ask_in_a_turn_reads_in_the_message_that_takes_the_saga_lock(alice: U
     first = messages[0].split("; ")
     assert first[0] == "BEGIN" and first[1].endswith("FOR NO KEY UPDATE")
     assert first[-1].startswith(_ASK_SQL.split("%s")[0])
-    assert len(messages) == 4, messages  # with one read for each of those: 7
+    assert len(messages) == 3, messages  # with one read for each of those, and the event's own: 8
+    assert messages[-1].endswith("RETURNING id, seq, created_at; COMMIT")  # the journal event's
     assert all(not m.startswith("SELECT") for m in messages[1:])

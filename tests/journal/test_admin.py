@@ -4,6 +4,7 @@ import pytest
 from django.test import Client
 
 from accounts.models import User
+from config.sql import flush
 from journal.actions import record
 from journal.models import JournalEvent
 from sagas.actions import create_saga
@@ -24,9 +25,11 @@ def admin_client(db: None) -> Client:
 
 @pytest.fixture
 def event(saga: Saga) -> JournalEvent:
-    return record(
+    event = record(
         saga_id=saga.pk, type="request.sent", actor="agent:coder", run_id="run-7", data={"to": "agent:qa", "n": 1}
     )
+    flush()  # its id and seq come back with the deferred statements
+    return event
 
 
 def listed_pks(client: Client, query: str = "") -> set[int]:
@@ -50,6 +53,7 @@ def test_the_list_renders_with_its_filters(admin_client: Client, alice: User, ev
 def test_filters_and_search_narrow_the_list(admin_client: Client, alice: User, saga: Saga, event: JournalEvent) -> None:
     other = create_saga(title="Unrelated work", owner=alice)
     elsewhere = record(saga_id=other.pk, type="note", actor="agent:writer")
+    flush()
 
     assert listed_pks(admin_client, "?type=request.sent") == {event.pk}
     assert listed_pks(admin_client, "?actor=agent:writer") == {elsewhere.pk}

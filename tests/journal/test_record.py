@@ -11,6 +11,7 @@ from django.db import DatabaseError, connection, transaction
 
 from accounts.models import User
 from config.notify import notifier
+from config.sql import flush
 from journal.actions import group_name, record
 from journal.models import AppendOnlyError, JournalEvent
 from sagas.actions import create_saga
@@ -33,6 +34,7 @@ def test_seq_starts_at_one_and_counts_up_without_gaps(saga: Saga, base_seq: int)
     assert (first.type, first.actor) == ("saga.created", "human:alice")
 
     events = [record(saga_id=saga.pk, type="note", data={"i": i}) for i in range(5)]
+    flush()  # its id and seq come back with the deferred statements
 
     assert [e.seq for e in events] == [base_seq + 1 + i for i in range(5)]
     assert seqs(saga) == list(range(1, base_seq + 6))
@@ -52,6 +54,7 @@ def test_each_saga_has_its_own_sequence(alice: User, saga: Saga, base_seq: int) 
 
 def test_record_stores_what_it_was_given(saga: Saga, base_seq: int) -> None:
     event = record(saga_id=saga.pk, type="request.sent", actor="agent:coder", run_id="r-1", data={"to": "agent:qa"})
+    flush()  # its id and seq come back with the deferred statements
 
     stored = JournalEvent.objects.get(pk=event.pk)
     assert stored.as_dict() == {
@@ -75,6 +78,7 @@ def test_a_rolled_back_transaction_leaves_no_gap(saga: Saga, base_seq: int) -> N
         raise Abort
 
     after = record(saga_id=saga.pk, type="kept")
+    flush()  # its id and seq come back with the deferred statements
 
     assert after.seq == base_seq + 1
     assert seqs(saga) == list(range(1, base_seq + 2))
@@ -99,6 +103,7 @@ def test_for_saga_returns_exactly_the_events_after_the_cursor_in_order(alice: Us
 
 def test_saving_an_existing_event_is_refused(saga: Saga) -> None:
     event = record(saga_id=saga.pk, type="note", data={"v": 1})
+    flush()  # its id and seq come back with the deferred statements
     event.data = {"v": 2}
 
     with pytest.raises(AppendOnlyError):
@@ -109,6 +114,7 @@ def test_saving_an_existing_event_is_refused(saga: Saga) -> None:
 
 def test_deleting_an_event_is_refused(saga: Saga) -> None:
     event = record(saga_id=saga.pk, type="note")
+    flush()  # its id and seq come back with the deferred statements
 
     with pytest.raises(AppendOnlyError):
         event.delete()
@@ -146,6 +152,7 @@ def test_the_database_refuses_raw_update_and_delete(saga: Saga, base_seq: int, s
     if connection.vendor != "postgresql":
         pytest.skip("the append-only trigger exists on PostgreSQL only; SQLite relies on the model-level refusal")
     event = record(saga_id=saga.pk, type="note")
+    flush()  # its id and seq come back with the deferred statements
 
     # The savepoint keeps the test's transaction usable after the trigger aborts the statement.
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
