@@ -14,7 +14,8 @@ order; only their grouping into messages changes. So:
   is sent for a transaction in which nothing runs, nor its COMMIT);
 - a savepoint released or rolled back before any statement ran in it costs nothing; rolling back
   to a savepoint drops what is pending after it (it was all inside it);
-- `defer()` queues a write whose outcome the caller does not read (no result, no row count). It
+- `defer()` queues a write whose outcome the caller does not wait for (no row count; the rows it
+  returns, if any, go to its `then` once its message has gone: a journal event's id and seq). It
   fails, if at all, at the next statement or at COMMIT, still inside the transaction, which then
   rolls back whole: use it only where a failure fails the transaction anyway.
 
@@ -29,8 +30,9 @@ gone through; a message that fails forgets the ones it carried (their next use p
 again, under a new name). Types are the server's to infer from where each parameter stands, as
 for `EXPLAIN` (tests/config/test_statements.py prepares every `*_SQL` constant).
 
-With server-side binding (OPTIONS `server_side_binding`) every statement goes on its own, as in
-Django's backend, and none is prepared here.
+OPTIONS `prepared_statements` False (`AGORA_PG_PREPARE=0`) prepares none, for a pooler in
+transaction mode. With server-side binding (OPTIONS `server_side_binding`) every statement goes on
+its own, as in Django's backend, and none is prepared here.
 """
 
 import re
