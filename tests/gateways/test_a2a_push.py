@@ -88,7 +88,12 @@ def test_a_webhook_gets_each_state_once_after_a_retry(
     assert [c.url for c in listed.configs] == [receiver.url]
     # The first delivery meets a 503; the retry brings the submitted task.
     wait_until(lambda: receiver.states() == ["TASK_STATE_SUBMITTED"], timeout=30, what="the first push")
-    assert PushConfig.objects.get(request_id=task.id).pushed_state == "TASK_STATE_SUBMITTED"
+    # The worker records the state once the webhook's answer is in, a moment after the receiver saw it.
+    wait_until(
+        lambda: PushConfig.objects.get(request_id=task.id).pushed_state == "TASK_STATE_SUBMITTED",
+        timeout=10,
+        what="the pushed state recorded",
+    )
     actions.reply_to_request(request_id=task.id, by=cast.slow.user, payload={"answer": 42})
     wait_until(
         lambda: receiver.states() == ["TASK_STATE_SUBMITTED", "TASK_STATE_COMPLETED"], timeout=30, what="the final push"
