@@ -33,6 +33,18 @@ _INSERT_EVENT_SQL = prepared(
     f"SELECT saga_id, last_seq, %s, %s, %s, %s, last_at FROM {_HEAD} WHERE saga_id = %s RETURNING id, seq, created_at"
 )
 
+# On SQLite, which lets in one writer at a time (every transaction begins IMMEDIATE, config/sqlite/),
+# one statement does both: the saga's last event, found through the (saga, seq) unique index,
+# gives the next seq and the earliest time allowed. The head row is PostgreSQL's only.
+_EVENTS = JournalEvent._meta.db_table
+_APPEND_SQLITE_SQL = (
+    f"INSERT INTO {_EVENTS} (saga_id, seq, type, actor, run_id, data, created_at) "
+    "SELECT %s, COALESCE(prev.seq, 0) + 1, %s, %s, %s, %s, "
+    "CASE WHEN prev.created_at > %s THEN prev.created_at ELSE %s END FROM (SELECT 1) LEFT JOIN "
+    f"(SELECT seq, created_at FROM {_EVENTS} WHERE saga_id = %s ORDER BY seq DESC LIMIT 1) prev ON 1 "
+    "RETURNING id, seq, created_at"
+)
+
 
 # How long a saga's first unsent event waits for more to go out with it. A live view does not see
 # 50 ms; meanwhile a turn's events gather into one message, and the fan-out to live views, the
@@ -62,8 +74,12 @@ def record(
         ((event.pk, event.seq, created_at),) = rows
         event.created_at = py_value(JournalEvent, "created_at", created_at)
 
-    defer(_NEXT_SEQ_SQL, [saga, db_value(JournalEvent, "created_at", timezone.now())])
-    defer(_INSERT_EVENT_SQL, [type, actor, run_id, db_value(JournalEvent, "data", event.data), saga], then=stored)
+    now, data_value = db_value(JournalEvent, "created_at", timezone.now()), db_value(JournalEvent, "data", event.data)
+    if connection.vendor == "sqlite":
+        defer(_APPEND_SQLITE_SQL, [saga, type, actor, run_id, data_value, now, now, saga], then=stored)
+    else:
+        defer(_NEXT_SEQ_SQL, [saga, now])
+        defer(_INSERT_EVENT_SQL, [type, actor, run_id, data_value, saga], then=stored)
     event._state.adding, event._state.db = False, connection.alias
 
     def committed() -> None:

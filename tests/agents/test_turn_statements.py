@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # savepoints and the deferred statements, the journal's included), and round trips to PostgreSQL,
 # of a task that takes one request, replies to it and goes idle: three turns of an agent that ran
 # its first turn in this process.
-STATEMENTS = {"sqlite": 35, "postgresql": 18}
+STATEMENTS = {"sqlite": 30, "postgresql": 18}
 ROUND_TRIPS = 15
 
 
