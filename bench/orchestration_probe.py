@@ -5,6 +5,8 @@ Per task, one JSON line appended to `$BENCH_PROBE_FILE`: the task's name, its wa
 statements its connection ran, the transactions it committed (outermost atomic blocks), the
 Celery messages it sent (by task name), and for each orchestration step it ran, the step, whether
 it moved the prompt on, and its own statements. Nothing here changes what the tasks do.
+With `BENCH_PROFILE_DIR` set, each task is also run under cProfile and its stats written there
+(`<task name>-<task id>.prof`, for `python -m pstats`): where a step's milliseconds go.
 """
 
 import json
@@ -104,16 +106,29 @@ def _process_init(**_: Any) -> None:
 _started: dict[str, float] = {}
 
 
+_profiles: dict[str, Any] = {}
+
+
 @signals.task_prerun.connect
 def _prerun(task_id: str | None = None, **_: Any) -> None:
     snapshot()
     _started[task_id or ""] = time.perf_counter()
+    if os.environ.get("BENCH_PROFILE_DIR"):
+        import cProfile
+
+        _profiles[task_id or ""] = profile = cProfile.Profile()
+        profile.enable()
 
 
 @signals.task_postrun.connect
 def _postrun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     wall = time.perf_counter() - _started.pop(task_id or "", time.perf_counter())
-    line = {"task": getattr(task, "name", "?"), "ms": round(wall * 1000, 2), "pid": os.getpid(), **snapshot()}
+    name = getattr(task, "name", "?")
+    profile = _profiles.pop(task_id or "", None)
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(os.path.join(os.environ["BENCH_PROFILE_DIR"], f"{name}-{task_id}.prof"))
+    line = {"task": name, "ms": round(wall * 1000, 2), "pid": os.getpid(), **snapshot()}
     path = os.environ.get("BENCH_PROBE_FILE")
     if path:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
