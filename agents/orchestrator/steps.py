@@ -57,8 +57,9 @@ def advance(prompt_id: str) -> list[str]:
         if prompt.saga.is_finished:  # its workers were ended with the saga; no step may start more
             fail(prompt, prompt.step, f"The saga was {prompt.saga.status}.")
             break
-        if not STEPS[prompt.step](prompt, here):
-            break
+        handed = len(here)
+        if not STEPS[prompt.step](prompt, here) or len(here) > handed:
+            break  # unready, or it handed back a run the next step waits for: nothing more to do now
     return here
 
 
