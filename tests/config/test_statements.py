@@ -17,7 +17,10 @@ APPS = ["accounts", "agents", "config", "gateways", "journal", "sagas"]
 # What the statements with a part filled in at run time are completed with.
 FILL = {"upto": " AND i.seq <= %s", "ids": "%s, %s"}
 # The statements only one database runs, and which.
-ONLY_ON = {("sagas.actions.locking", "_LOCK_SQL"): "postgresql"}  # a row lock: SQLite locks the database
+ONLY_ON = {
+    ("sagas.actions.locking", "_LOCK_SQL"): "postgresql",  # a row lock: SQLite locks the database
+    ("journal.actions", "_APPEND_SQLITE_SQL"): "sqlite",  # one writer at a time: no head row to lock
+}
 
 pytestmark = pytest.mark.django_db
 
