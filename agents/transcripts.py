@@ -69,11 +69,12 @@ KEPT_TRANSCRIPTS = 64
 def take_transcript(run_id: str, *, turn: int) -> Transcript:
     """The run's transcript, in the transaction that claimed the run at `turn` (its turn number as
     queued). Only turns write transcripts, and each claim moves the turn on: a copy kept at that
-    same turn is the whole transcript, and nothing needs reading."""
+    same turn is the whole transcript, and nothing needs reading; a run never claimed (turn 0) has
+    none yet."""
     kept_turn, transcript = _kept.pop(run_id, (None, None))
     if transcript is None:
         transcript = Transcript(run_id)
-    if kept_turn != turn:
+    if kept_turn != turn and turn > 0:
         transcript.read_new()
     return transcript
 

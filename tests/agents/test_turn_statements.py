@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from psycopg import pq
 
 from accounts.models import User
+from agents import transcripts
 from agents.executor import run_turn
 from agents.models import AgentProfile
 from sagas import actions
@@ -101,6 +102,23 @@ def test_a_task_reads_the_transcript_when_another_process_ran_the_last_turn(saga
     assert any(s.startswith("SELECT seq, message, tokens FROM agents_transcriptentry") for s in sent)
     transcript = Run.objects.get(pk=echo.run.pk).transcript.order_by("seq")
     assert [entry.seq for entry in transcript] == list(range(1, len(transcript) + 1))  # appended, not rewritten
+
+
+def test_a_new_runs_first_task_reads_no_transcript(saga: Saga, alice: User) -> None:
+    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
+
+    with CaptureQueriesContext(connection) as queries:
+        run_turn(echo.run.pk)  # its first turn: the handoff, then idle
+
+    sent = [written_out(q["sql"]) for q in queries.captured_queries]
+    assert not any(s.startswith("SELECT seq, message, tokens FROM agents_transcriptentry") for s in sent)
+    # Its next task, in a process that did not keep the transcript, reads it and appends after it.
+    transcripts._kept.clear()
+    actions.ask_agent(sender=add(saga, alice, "asker", runtime="external"), to="agent:echo", type="ping", payload={})
+    run_turn(echo.run.pk)
+    entries = Run.objects.get(pk=echo.run.pk).transcript.order_by("seq")
+    assert [entry.turn for entry in entries][:1] == [1] and max(entry.turn for entry in entries) == 3
+    assert [entry.seq for entry in entries] == list(range(1, len(entries) + 1))
 
 
 def test_a_run_whose_profile_is_gone_fails_at_its_turn(saga: Saga, alice: User) -> None:
