@@ -33,6 +33,14 @@ class SagaTree:
         members: dict[int, Collaborator] = {c.pk: c for c in rows}
         return cls(saga=saga, members=members, parent={c.pk: c.parent_id for c in rows if c.parent_id is not None})
 
+    def with_delegates(self, delegator: Collaborator, delegates: list[Collaborator]) -> "SagaTree":
+        """This tree with `delegates` added under `delegator`."""
+        return SagaTree(
+            saga=self.saga,
+            members={**self.members, **{c.pk: c for c in delegates}},
+            parent={**self.parent, **{c.pk: delegator.pk for c in delegates}},
+        )
+
     def children(self) -> dict[int, list[int]]:
         result: dict[int, list[int]] = defaultdict(list)
         for child, parent in self.parent.items():
@@ -113,9 +121,10 @@ def visible_collaborators(caller: Collaborator) -> list[Collaborator]:
     return [c for c in tree.members.values() if c.pk in ids]
 
 
-def sync_address_grants(saga: Saga) -> None:
-    """Make the `address_collaborator` object permissions match the policy for the whole saga."""
-    tree = SagaTree.load(saga)
+def sync_address_grants(saga: Saga, tree: SagaTree | None = None) -> None:
+    """Make the `address_collaborator` object permissions match the policy for the whole saga
+    (`tree`: the saga as it is now, when the caller holds it)."""
+    tree = tree or SagaTree.load(saga)
     ctype = ContentType.objects.get_for_model(Collaborator)
     perm = ctype.permission_set.get(codename=ADDRESS_PERM)
     wanted = {(tree.members[a].user_id, str(b)) for a in tree.members for b in tree.addressable_ids(tree.members[a])}

@@ -9,22 +9,21 @@ instant cannot both slip under a cap.
 from django.conf import settings
 
 from sagas import errors
-from sagas.models import Collaborator, Delegation, HumanRequest, Saga
+from sagas.access import SagaTree
+from sagas.models import Collaborator, HumanRequest, Saga
 
 
-def check_delegate_caps(saga: Saga, delegator: Collaborator, *, adding: int = 1) -> None:
+def check_delegate_caps(tree: SagaTree, delegator: Collaborator, *, adding: int = 1) -> None:
     """An agent has at most `AGORA_MAX_DELEGATES_PER_AGENT` delegates, a saga at most
     `AGORA_MAX_AGENTS_PER_SAGA` agents; past either, `too_many_delegates` (429). Teammates are
     counted by their team's own cap (`sagas.actions.teams`), which a manager sets, not here.
-    `adding`: how many are added at once (all of them must fit)."""
+    `tree`: the saga as read under its lock; `adding`: how many are added at once (all must fit)."""
     per_agent, per_saga = settings.AGORA_MAX_DELEGATES_PER_AGENT, settings.AGORA_MAX_AGENTS_PER_SAGA
-    if (
-        delegator.is_agent
-        and Delegation.objects.filter(delegator=delegator, delegate__run__team__isnull=True).count() + adding
-        > per_agent
-    ):
-        raise errors.TooManyDelegates(f"{delegator.handle} already has {per_agent} delegates.", limit=per_agent)
-    if Collaborator.objects.filter(saga=saga, kind=Collaborator.Kind.AGENT).count() + adding > per_saga:
+    if delegator.is_agent:
+        delegates = [c for c, parent in tree.parent.items() if parent == delegator.pk]
+        if sum(1 for c in delegates if tree.members[c].run.team_id is None) + adding > per_agent:
+            raise errors.TooManyDelegates(f"{delegator.handle} already has {per_agent} delegates.", limit=per_agent)
+    if sum(1 for c in tree.members.values() if c.is_agent) + adding > per_saga:
         raise errors.TooManyDelegates(f"This saga already has {per_saga} agents.", limit=per_saga)
 
 

@@ -12,7 +12,7 @@ from accounts.actions import create_agent_users, issue_token
 from accounts.models import User
 from journal.actions import record
 from sagas import errors
-from sagas.access import may_manage, sync_address_grants
+from sagas.access import SagaTree, may_manage, sync_address_grants
 from sagas.actions.caps import check_delegate_caps
 from sagas.actions.locking import lock_open_saga
 from sagas.actions.payloads import check_goal
@@ -86,14 +86,13 @@ def add_agents(
     for agent in agents:
         check_new_agent(agent)
     delegator = resolve_parent(saga, parent, by=by, acting=acting)
+    tree = SagaTree.load(saga)  # read once: the names taken, the caps, the address grants
     names = [agent.name for agent in agents]
-    taken = set(Collaborator.objects.filter(saga=saga, kind=Collaborator.Kind.AGENT, name__in=names).values_list(
-        "name", flat=True
-    ))  # fmt: skip
-    if taken or len(set(names)) < len(names):
+    taken = {c.name for c in tree.members.values() if c.is_agent}
+    if taken & set(names) or len(set(names)) < len(names):
         again = next(n for i, n in enumerate(names) if n in taken or n in names[:i])
         raise errors.NameTaken(f"agent:{again} is already in this saga.")
-    check_delegate_caps(saga, delegator, adding=len(agents))
+    check_delegate_caps(tree, delegator, adding=len(agents))
     users = create_agent_users(usernames=[f"agent.{saga.pk.hex[:12]}.{agent.name}" for agent in agents])
     collaborators = Collaborator.objects.bulk_create(
         Collaborator(saga=saga, kind=Collaborator.Kind.AGENT, name=agent.name, role=agent.role, task=agent.task,
@@ -111,7 +110,7 @@ def add_agents(
         for agent, collaborator, inside in zip(agents, collaborators, internal, strict=True)
     )  # fmt: skip
     assign_perm("sagas.view_saga", users, saga)
-    sync_address_grants(saga)
+    sync_address_grants(saga, tree.with_delegates(delegator, collaborators))
     actor = acting.handle if acting else f"human:{by.username}"
     added = []
     for agent, collaborator, run, user, inside in zip(agents, collaborators, runs, users, internal, strict=True):
