@@ -9,6 +9,7 @@ With `BENCH_PROFILE_DIR` set, each task is also run under cProfile and its stats
 (`<task name>-<task id>.prof`, for `python -m pstats`): where a step's milliseconds go.
 """
 
+import cProfile
 import json
 import os
 import threading
@@ -104,9 +105,7 @@ def _process_init(**_: Any) -> None:
 
 
 _started: dict[str, float] = {}
-
-
-_profiles: dict[str, Any] = {}
+_profiles: dict[str, cProfile.Profile] = {}
 
 
 @signals.task_prerun.connect
@@ -114,8 +113,6 @@ def _prerun(task_id: str | None = None, **_: Any) -> None:
     snapshot()
     _started[task_id or ""] = time.perf_counter()
     if os.environ.get("BENCH_PROFILE_DIR"):
-        import cProfile
-
         _profiles[task_id or ""] = profile = cProfile.Profile()
         profile.enable()
 

@@ -14,14 +14,13 @@ from journal.models import JournalEvent, JournalHead
 
 logger = logging.getLogger(__name__)
 
-# Two plain statements, no ORM compile (config/sql.py): every change in Agora writes here, several
-# times per agent turn. The first allocates the next seq: it inserts the saga's head row or bumps
-# it, with the event's time, never earlier than the previous event's. The row lock it takes is held
-# until commit, so a saga's writers run one after another (SQLite serialises all writers anyway):
-# seqs are gap-free and appear in commit order, and seq order is time order. The second inserts
-# the event with the head's seq and time. Nobody waits for either: on PostgreSQL both go with the
-# transaction's next statement or its COMMIT (config.sql.defer), and the event's id and seq come back
-# with them.
+# Plain statements, no ORM compile (config/sql.py): every change in Agora writes here, several
+# times per agent turn. On PostgreSQL, two. The first allocates the next seq: it inserts the saga's
+# head row or bumps it, with the event's time, never earlier than the previous event's. The row lock
+# it takes is held until commit, so a saga's writers run one after another: seqs are gap-free and
+# appear in commit order, and seq order is time order. The second inserts the event with the head's
+# seq and time. Nobody waits for either: both go with the transaction's next statement or its
+# COMMIT (config.sql.defer), and the event's id and seq come back with them.
 _HEAD = JournalHead._meta.db_table
 _NEXT_SEQ_SQL = (
     f"INSERT INTO {_HEAD} (saga_id, last_seq, last_at) VALUES (%s, 1, %s) ON CONFLICT (saga_id) DO UPDATE "
@@ -64,7 +63,7 @@ def record(
 ) -> JournalEvent:
     """Append one event to a saga's journal, in the caller's transaction; it is published after commit.
 
-    Nothing waits for its two statements: on PostgreSQL they go with the transaction's next
+    Nothing waits for its statements: on PostgreSQL they go with the transaction's next
     statement or its COMMIT, and the event's `pk`, `seq` and `created_at` are set when they come
     back (at once on SQLite; when record() is a transaction of its own, before it returns)."""
     saga = db_value(JournalEvent, "saga", saga_id)

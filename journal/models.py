@@ -8,7 +8,8 @@ class AppendOnlyError(Exception):
 
 
 class JournalHead(models.Model):
-    """The last `seq` allocated in one saga's journal; its row lock orders that saga's writers."""
+    """The last `seq` allocated in one saga's journal; its row lock orders that saga's writers.
+    PostgreSQL's only: SQLite lets one writer in at a time, and takes the seq from the last event."""
 
     saga = models.OneToOneField("sagas.Saga", on_delete=models.CASCADE, primary_key=True, related_name="+")
     last_seq = models.PositiveBigIntegerField()

@@ -20,7 +20,7 @@ def check_delegate_caps(tree: SagaTree, delegator: Collaborator, *, adding: int 
     `tree`: the saga as read under its lock; `adding`: how many are added at once (all must fit)."""
     per_agent, per_saga = settings.AGORA_MAX_DELEGATES_PER_AGENT, settings.AGORA_MAX_AGENTS_PER_SAGA
     if delegator.is_agent:
-        delegates = [c for c, parent in tree.parent.items() if parent == delegator.pk]
+        delegates = tree.children().get(delegator.pk, [])
         if sum(1 for c in delegates if tree.members[c].run.team_id is None) + adding > per_agent:
             raise errors.TooManyDelegates(f"{delegator.handle} already has {per_agent} delegates.", limit=per_agent)
     if sum(1 for c in tree.members.values() if c.is_agent) + adding > per_saga:
