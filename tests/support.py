@@ -44,16 +44,36 @@ def free_port() -> int:
 
 
 def kill_group(proc: subprocess.Popen[Any], sig: int = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
+    """Signal proc's whole process group, unless proc has been reaped already.
+
+    A reaped leader's pid, the group's id, is free for reuse, and pids wrap around quickly on a
+    busy machine (pid_max is 32768 here): a late signal could kill another test's server. Until it
+    is reaped, a dead leader stays a zombie and keeps its pid, so the group id is still ours."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+
+
+def exited(proc: subprocess.Popen[Any], timeout: float) -> bool:
+    """Wait up to timeout seconds for proc to exit, without reaping it (see kill_group)."""
+    deadline = time.monotonic() + timeout
+    while proc.returncode is None:
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            return True  # reaped behind Popen's back: nothing more to wait for
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after grace seconds."""
-    if proc.poll() is None:
-        kill_group(proc, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace)
+    """SIGTERM the process group, then SIGKILL whatever is left after grace seconds (or once the
+    leader is gone: its children go with it), and only then reap the leader."""
+    kill_group(proc, signal.SIGTERM)
+    exited(proc, grace)
     kill_group(proc, signal.SIGKILL)
     proc.wait()
 

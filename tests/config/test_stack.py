@@ -19,7 +19,7 @@ import pytest
 from redis import Redis
 from redis.exceptions import RedisError
 
-from tests.support import BASE_DIR, free_port, wait_until
+from tests.support import BASE_DIR, free_port, kill_group, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -148,8 +148,7 @@ class Supervisor:
         """Cleanup, whatever happened: the supervisor's group, then anything left below it."""
         if self.proc.poll() is None:
             self.tree.update(descendants(self.proc.pid))
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        kill_group(self.proc)  # only while the supervisor is unreaped: its group id is still ours
         self.proc.wait()
         for pid, started in self.tree.items():
             if alive(pid, started):

@@ -11,6 +11,7 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
+from redis import Redis
 from rest_framework.test import APIClient
 
 from accounts.actions import issue_token
@@ -98,14 +99,18 @@ async def test_a_revocation_closes_an_open_websocket(team: Team, alice: User) ->
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_revocation_ends_a_waiting_long_poll(team: Team, alice: User, web_server: WebServer) -> None:
+def test_a_revocation_ends_a_waiting_long_poll(
+    team: Team, alice: User, web_server: WebServer, redis_url: str
+) -> None:
     agent = Http(web_server.url, issue_token(user=team.user("reviewer")))
     replies: list[Any] = []
     poll = threading.Thread(target=lambda: replies.append(agent.get("/api/v1/steering/?after=0&wait=30")))
     poll.start()
     try:
-        wait_until(lambda: poll.is_alive(), what="the long-poll to start")
-        threading.Event().wait(0.5)  # let it reach the wait (a revocation before it is the next-call case)
+        # It waits once it holds a wait slot (a revocation before that is the next-call case).
+        waits = f"agora:waits:agent:{team['reviewer'].pk}"
+        with Redis.from_url(redis_url) as slots:
+            wait_until(lambda: slots.zcard(waits) == 1, what="the long-poll to wait")
         actions.revoke_agent_token(saga=team.saga, handle="agent:reviewer", by=alice)
         poll.join(timeout=10)
         assert not poll.is_alive(), "the long-poll outlived its token"
