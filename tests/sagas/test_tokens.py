@@ -99,9 +99,7 @@ async def test_a_revocation_closes_an_open_websocket(team: Team, alice: User) ->
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_revocation_ends_a_waiting_long_poll(
-    team: Team, alice: User, web_server: WebServer, redis_url: str
-) -> None:
+def test_a_revocation_ends_a_waiting_long_poll(team: Team, alice: User, web_server: WebServer, redis_url: str) -> None:
     agent = Http(web_server.url, issue_token(user=team.user("reviewer")))
     replies: list[Any] = []
     poll = threading.Thread(target=lambda: replies.append(agent.get("/api/v1/steering/?after=0&wait=30")))
