@@ -40,9 +40,10 @@ class AgentProfile(models.Model):
         return set(self.requires) <= set(self.model_capabilities.get(model, []))
 
 
-def profile_exists(name: str) -> bool:
-    """The kernel's question before it adds an internal agent (`AGORA_PROFILE_EXISTS`)."""
-    return AgentProfile.objects.filter(name=name).exists()
+def missing_profiles(names: set[str]) -> set[str]:
+    """The kernel's question before it adds internal agents (`AGORA_MISSING_PROFILES`): which of
+    these profiles do not exist."""
+    return names - set(AgentProfile.objects.filter(name__in=names).values_list("name", flat=True))
 
 
 def tokens_used(run_ids: list[str]) -> dict[str, int]:
@@ -76,4 +77,4 @@ class TranscriptEntry(models.Model):
 from agents.mcp.models import McpServer  # noqa: E402
 from agents.orchestrator.models import Brain, Prompt  # noqa: E402
 
-__all__ = ["AgentProfile", "Brain", "McpServer", "Prompt", "TranscriptEntry", "profile_exists", "tokens_used"]
+__all__ = ["AgentProfile", "Brain", "McpServer", "Prompt", "TranscriptEntry", "missing_profiles", "tokens_used"]

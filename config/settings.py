@@ -323,7 +323,7 @@ AGORA_STEERING_POLL_MAX_S = float(os.environ.get("AGORA_STEERING_POLL_MAX_S", "6
 AGORA_TURN_SLICE_S = float(os.environ.get("AGORA_TURN_SLICE_S", "0.1"))
 # Which agent profiles exist is the runtime's knowledge; the kernel asks it through this callable
 # (a dotted path, so that the kernel never imports the runtime) before adding an internal agent.
-AGORA_PROFILE_EXISTS = "agents.models.profile_exists"
+AGORA_MISSING_PROFILES = "agents.models.missing_profiles"
 # How long one routing step may take (the router's whole fallback chain) before another may retry it.
 AGORA_ROUTING_LEASE_S = float(os.environ.get("AGORA_ROUTING_LEASE_S", "180"))
 # Extra live parts of the saga page, rendered by the runtime (the kernel's page imports none of it):

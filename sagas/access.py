@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
-from django.db.models import F, QuerySet
+from django.db.models import F, Model, QuerySet
 from guardian.models import UserObjectPermission
 
 from journal.models import JournalEvent
@@ -121,24 +121,21 @@ def visible_collaborators(caller: Collaborator) -> list[Collaborator]:
     return [c for c in tree.members.values() if c.pk in ids]
 
 
-def sync_address_grants(saga: Saga, tree: SagaTree | None = None) -> None:
-    """Make the `address_collaborator` object permissions match the policy for the whole saga
-    (`tree`: the saga as it is now, when the caller holds it)."""
-    tree = tree or SagaTree.load(saga)
-    ctype = ContentType.objects.get_for_model(Collaborator)
-    perm = ctype.permission_set.get(codename=ADDRESS_PERM)
-    wanted = {(tree.members[a].user_id, str(b)) for a in tree.members for b in tree.addressable_ids(tree.members[a])}
-    existing = UserObjectPermission.objects.filter(
-        permission=perm, content_type=ctype, object_pk__in=[str(pk) for pk in tree.members]
-    )
-    have = {(row.user_id, row.object_pk): row.pk for row in existing}
-    stale = [pk for key, pk in have.items() if key not in wanted]
-    if stale:
-        UserObjectPermission.objects.filter(pk__in=stale).delete()
-    UserObjectPermission.objects.bulk_create(
-        UserObjectPermission(user_id=user_id, permission=perm, content_type=ctype, object_pk=object_pk)
-        for user_id, object_pk in wanted - set(have)
-    )
+def permission_id(model: type[Model], codename: str) -> tuple[int, int]:
+    """The content type and permission ids of a model's permission, read once per process (they
+    change only when the tables are flushed, which migrates again: post_migrate forgets them)."""
+    key = (model._meta.label, codename)
+    if key not in _permission_ids:
+        ctype = ContentType.objects.get_for_model(model)
+        _permission_ids[key] = (ctype.pk, ctype.permission_set.values_list("pk", flat=True).get(codename=codename))
+    return _permission_ids[key]
+
+
+_permission_ids: dict[tuple[str, str], tuple[int, int]] = {}
+
+
+def forget_permission_ids(**_: Any) -> None:
+    _permission_ids.clear()
 
 
 def may_address(sender: Collaborator, recipient: Collaborator, *, granted: bool | None = None) -> bool:

@@ -18,3 +18,9 @@ class SagasConfig(AppConfig):
         from sagas.metrics import RunsByStatus
 
         provide_scrape_collector(RunsByStatus)
+
+        from django.db.models.signals import post_migrate
+
+        from sagas.access import forget_permission_ids
+
+        post_migrate.connect(forget_permission_ids, dispatch_uid="sagas.forget_permission_ids")

@@ -5,14 +5,16 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Model
 from django.utils.module_loading import import_string
+from guardian.models import UserObjectPermission
 from guardian.shortcuts import assign_perm
 
 from accounts.actions import create_agent_users, issue_token
 from accounts.models import User
 from journal.actions import record
 from sagas import errors
-from sagas.access import SagaTree, may_manage, sync_address_grants
+from sagas.access import ADDRESS_PERM, SagaTree, may_manage, permission_id
 from sagas.actions.caps import check_delegate_caps
 from sagas.actions.locking import lock_open_saga
 from sagas.actions.payloads import check_goal
@@ -79,14 +81,13 @@ def add_agents(
 ) -> list[tuple[Collaborator, str | None]]:
     """Add agents under one parent, all or none, as `add_agent` adds one: with one lock, one check
     of each cap for all of them, and one write of each kind (users, collaborators, delegations,
-    runs, permissions, address grants), so that a Brain's support workers cost one step, not one
+    runs, permissions), so that a Brain's support workers cost one step, not one
     per worker. Returns each collaborator, in order, with its token (external agents only)."""
     saga = lock_open_saga(saga.pk)
-    acting = acting_collaborator(saga, by)
-    for agent in agents:
-        check_new_agent(agent)
-    delegator = resolve_parent(saga, parent, by=by, acting=acting)
-    tree = SagaTree.load(saga)  # read once: the names taken, the caps, the address grants
+    check_new_agents(agents)
+    tree = SagaTree.load(saga)  # read once: who acts, the parent, the names taken, the caps, the grants
+    acting = next((c for c in tree.members.values() if c.user_id == by.pk), None)
+    delegator = resolve_parent(tree, parent, by=by, acting=acting)
     names = [agent.name for agent in agents]
     taken = {c.name for c in tree.members.values() if c.is_agent}
     if taken & set(names) or len(set(names)) < len(names):
@@ -109,8 +110,8 @@ def add_agents(
             resumable=agent.resumable)
         for agent, collaborator, inside in zip(agents, collaborators, internal, strict=True)
     )  # fmt: skip
-    assign_perm("sagas.view_saga", users, saga)
-    sync_address_grants(saga, tree.with_delegates(delegator, collaborators))
+    views = [(user.pk, "view_saga", saga) for user in users]
+    grant_permissions(views + address_grants(tree.with_delegates(delegator, collaborators), collaborators))
     actor = acting.handle if acting else f"human:{by.username}"
     added = []
     for agent, collaborator, run, user, inside in zip(agents, collaborators, runs, users, internal, strict=True):
@@ -128,38 +129,63 @@ def add_agents(
     return added
 
 
-def check_new_agent(agent: NewAgent) -> None:
-    if not isinstance(agent.name, str) or not NAME_RE.fullmatch(agent.name):
+def address_grants(tree: SagaTree, newcomers: list[Collaborator]) -> list[tuple[int, str, Model]]:
+    """The `address_collaborator` grants that newcomers (in tree already) bring under the saga's
+    policy: theirs, and the others' on them. Newcomers change no pair between the others (each rule
+    looks only at the delegations above and between the two), so nothing is read or removed."""
+    new = {c.pk for c in newcomers}
+    return [
+        (tree.members[a].user_id, ADDRESS_PERM, tree.members[b])
+        for a in tree.members for b in tree.addressable_ids(tree.members[a]) if a in new or b in new
+    ]  # fmt: skip
+
+
+def grant_permissions(grants: list[tuple[int, str, Model]]) -> None:
+    """guardian's object permissions `(user id, codename, object)`, written in one statement with
+    no lookup of the permissions (guardian's `assign_perm` reads each one first)."""
+    rows = []
+    for user_id, codename, obj in grants:
+        ctype_id, perm_id = permission_id(type(obj), codename)
+        rows.append(UserObjectPermission(user_id=user_id, permission_id=perm_id, content_type_id=ctype_id,
+                                         object_pk=str(obj.pk)))  # fmt: skip
+    UserObjectPermission.objects.bulk_create(rows, ignore_conflicts=True)
+
+
+def check_new_agents(agents: list[NewAgent]) -> None:
+    for agent in agents:
+        if not isinstance(agent.name, str) or not NAME_RE.fullmatch(agent.name):
+            raise errors.InvalidPayload(
+                "Bad agent name.", errors={"name": ["Lowercase letters, digits, '.', '_' and '-'."]}
+            )
+        check_goal(agent.task, field="task")
+        if agent.runtime not in (Collaborator.Runtime.INTERNAL, Collaborator.Runtime.EXTERNAL):
+            raise errors.InvalidPayload("Bad runtime.", errors={"runtime": ["internal or external."]})
+        if agent.runtime == Collaborator.Runtime.INTERNAL and not agent.profile:
+            raise errors.InvalidPayload("An internal agent needs a profile.", errors={"profile": ["Required."]})
+    profiles = [agent.profile for agent in agents if agent.runtime == Collaborator.Runtime.INTERNAL]
+    missing = missing_profiles(set(profiles)) if profiles else set()
+    if missing:
+        name = next(profile for profile in profiles if profile in missing)
         raise errors.InvalidPayload(
-            "Bad agent name.", errors={"name": ["Lowercase letters, digits, '.', '_' and '-'."]}
-        )
-    check_goal(agent.task, field="task")
-    if agent.runtime not in (Collaborator.Runtime.INTERNAL, Collaborator.Runtime.EXTERNAL):
-        raise errors.InvalidPayload("Bad runtime.", errors={"runtime": ["internal or external."]})
-    if agent.runtime == Collaborator.Runtime.INTERNAL and not agent.profile:
-        raise errors.InvalidPayload("An internal agent needs a profile.", errors={"profile": ["Required."]})
-    if agent.runtime == Collaborator.Runtime.INTERNAL and not profile_exists(agent.profile):
-        raise errors.InvalidPayload(
-            f"No agent profile {agent.profile}.",
-            errors={"profile": [f"No profile {agent.profile}; `load_profiles` adds profiles."]},
+            f"No agent profile {name}.", errors={"profile": [f"No profile {name}; `load_profiles` adds profiles."]}
         )
 
 
-def resolve_parent(saga: Saga, parent: str | None, *, by: User, acting: Collaborator | None) -> Collaborator:
+def resolve_parent(tree: SagaTree, parent: str | None, *, by: User, acting: Collaborator | None) -> Collaborator:
     """The delegator of a new agent: the named parent, or (for managers) the saga's owner."""
     if acting is not None and acting.is_agent and parent == acting.handle:
         return acting  # an agent's own delegate, whether it manages the saga or not: no permission to read
-    if not may_manage(by, saga):
+    if not may_manage(by, tree.saga):
         if acting is None or not acting.is_agent:
             raise errors.Forbidden("Only managers of the saga add collaborators.")
         if parent not in (None, acting.handle):
             raise errors.Forbidden("An agent may add only its own delegates.")
         return acting
-    if parent is None:
-        return Collaborator.objects.get(saga=saga, user=saga.owner)
-    found = find_collaborator(saga, parent)
+    found = next(
+        (c for c in tree.members.values() if (c.handle == parent if parent else c.user_id == tree.saga.owner_id)), None
+    )
     if found is None:
-        raise errors.NotFound(f"No collaborator {parent} in this saga.")
+        raise errors.NotFound(f"No collaborator {parent or 'for the saga owner'} in this saga.")
     return found
 
 
@@ -193,6 +219,7 @@ def find_collaborator(saga: Saga, handle: str) -> Collaborator | None:
     return Collaborator.objects.filter(saga=saga, kind=kind, name=name).select_related("run", "user").first()
 
 
-def profile_exists(name: str) -> bool:
-    """Whether the runtime knows this agent profile (`AGORA_PROFILE_EXISTS` names its answer)."""
-    return bool(import_string(settings.AGORA_PROFILE_EXISTS)(name))
+def missing_profiles(names: set[str]) -> set[str]:
+    """Which of these agent profiles the runtime does not know (`AGORA_MISSING_PROFILES` names the
+    callable that answers)."""
+    return set(import_string(settings.AGORA_MISSING_PROFILES)(names))

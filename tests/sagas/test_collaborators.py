@@ -5,12 +5,15 @@ import json
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from guardian.models import UserObjectPermission
 from guardian.shortcuts import get_perms
 
 from accounts.models import ApiToken, User, hash_token
 from sagas import errors
-from sagas.access import collaborator_card, may_address, visible_collaborators
-from sagas.actions import add_agent, add_human, create_saga
+from sagas.access import ADDRESS_PERM, SagaTree, collaborator_card, may_address, visible_collaborators
+from sagas.actions import NewAgent, add_agent, add_agents, add_human, create_saga
 from sagas.models import Collaborator, Delegation, Run, Saga
 from tests.sagas.kernel import Team, field_errors, journal, last_seq, profile_named, queued_turns
 
@@ -130,23 +133,23 @@ def test_add_agent_refuses_bad_input_and_stores_nothing(
 
 
 def test_the_kernel_asks_the_runtime_which_profiles_exist(team: Team, alice: User, settings: Any) -> None:
-    """The kernel never imports the runtime: the callable that `AGORA_PROFILE_EXISTS` names answers."""
+    """The kernel never imports the runtime: the callable that `AGORA_MISSING_PROFILES` names answers."""
     ASKED.clear()
-    settings.AGORA_PROFILE_EXISTS = f"{__name__}.{remember_and_refuse.__name__}"
+    settings.AGORA_MISSING_PROFILES = f"{__name__}.{remember_and_refuse.__name__}"
 
     with pytest.raises(errors.InvalidPayload) as refused:
         add_agent(saga=team.saga, name="newbie", role="", task="", runtime="internal", profile="x", by=alice)
 
-    assert ASKED == ["x"] and "profile" in field_errors(refused)
+    assert [{"x"}] == ASKED and "profile" in field_errors(refused)
     assert not Collaborator.objects.filter(saga=team.saga, name="newbie").exists()
 
 
-ASKED: list[str] = []
+ASKED: list[set[str]] = []
 
 
-def remember_and_refuse(name: str) -> bool:
-    ASKED.append(name)
-    return False
+def remember_and_refuse(names: set[str]) -> set[str]:
+    ASKED.append(names)
+    return names
 
 
 def test_an_external_agent_gets_a_token_once_and_only_its_hash_is_kept(team: Team, alice: User) -> None:
@@ -178,8 +181,6 @@ def test_an_internal_agent_gets_a_queued_run_and_its_first_turn_is_rung_after_co
 def test_agents_added_at_once_are_each_what_add_agent_makes_and_one_may_wait_to_be_run(
     team: Team, alice: User, redis_url: str, django_capture_on_commit_callbacks: Any
 ) -> None:
-    from sagas.actions import NewAgent, add_agents
-
     responder = profile_named("responder")
     with django_capture_on_commit_callbacks(execute=True):
         added = add_agents(
@@ -199,6 +200,46 @@ def test_agents_added_at_once_are_each_what_add_agent_makes_and_one_may_wait_to_
     assert journal(team.saga)[-3:] == [("collaborator.joined", "human:alice")] * 3
     # Each may address its delegator, as after add_agent (the saga's policy grants it).
     assert all(may_address(a, team["coder"]) for a in agents)
+
+
+@pytest.mark.parametrize("policy", Saga.Policy.values)
+def test_the_address_grants_written_one_join_at_a_time_are_the_policys_for_the_whole_tree(
+    make_team: Any, alice: User, policy: str
+) -> None:
+    team = make_team(policy=policy)
+    add_agents(
+        saga=team.saga, by=alice, parent="agent:scout",
+        agents=[NewAgent(name=f"w{i}", role="Worker", task="t", runtime="external") for i in range(2)],
+    )  # fmt: skip
+
+    tree = SagaTree.load(team.saga)
+    wanted = {(tree.members[a].user_id, str(b)) for a in tree.members for b in tree.addressable_ids(tree.members[a])}
+    held = UserObjectPermission.objects.filter(
+        permission__codename=ADDRESS_PERM, object_pk__in=[str(pk) for pk in tree.members]
+    ).values_list("user_id", "object_pk")
+    assert wanted and set(held) == wanted
+
+
+def test_a_delegation_reads_no_permission_and_its_profiles_once_however_many_it_adds(team: Team, alice: User) -> None:
+    profiles = [profile_named(name) for name in ("planner", "writer", "checker")]
+
+    def delegate(names: list[str]) -> list[str]:
+        agents = [
+            NewAgent(name=n, role="R", task="t", runtime="internal", profile=p)
+            for n, p in zip(names, profiles[: len(names)], strict=True)
+        ]
+        with CaptureQueriesContext(connection) as queries:
+            add_agents(saga=team.saga, by=alice, parent="agent:coder", agents=agents)
+        return [q["sql"] for q in queries.captured_queries]
+
+    one, three = delegate(["a1"]), delegate(["b1", "b2", "b3"])
+
+    listing = "\n".join(s[:120] for s in three)
+    assert sum("agents_agentprofile" in s for s in three) == 1, listing
+    assert not any(s.startswith("SELECT") and ("auth_permission" in s or "guardian_" in s) for s in three), listing
+    # Only the journal grows with the number of agents: one event each.
+    written = [len([s for s in sent if "journal_" not in s]) for sent in (one, three)]
+    assert written[0] == written[1], listing
 
 
 def test_add_human_grants_view_and_journals_the_manager(team: Team, alice: User, mallory: User) -> None:
