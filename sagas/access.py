@@ -3,7 +3,7 @@
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
@@ -17,23 +17,70 @@ from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga
 ADDRESS_PERM = "address_collaborator"
 
 
+class Node(Protocol):
+    """What the tree's rules read of a collaborator: a `Collaborator` row, or a lighter `Member`."""
+
+    @property
+    def pk(self) -> Any: ...
+    @property
+    def user_id(self) -> Any: ...
+    @property
+    def handle(self) -> str: ...
+    @property
+    def is_agent(self) -> bool: ...
+
+
+N = TypeVar("N", bound=Node)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A collaborator as `SagaTree.shape` reads it: who it is, and the team its run is in."""
+
+    pk: int
+    kind: str
+    name: str
+    user_id: int
+    team_id: int | None
+
+    @property
+    def handle(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    @property
+    def is_agent(self) -> bool:
+        return self.kind == Collaborator.Kind.AGENT
+
+
 @dataclass(frozen=True)
-class SagaTree:
-    """A saga's collaborators (with their runs) and its delegation edges, loaded in one query."""
+class SagaTree(Generic[N]):
+    """A saga's collaborators and its delegation edges, loaded in one query: whole rows with their
+    runs (`load`), or only what the rules need (`shape`), several times cheaper in a large saga."""
 
     saga: Saga
-    members: dict[int, Collaborator]
+    members: dict[int, N]
     parent: dict[int, int]  # delegate id → delegator id
 
     @classmethod
-    def load(cls, saga: Saga) -> "SagaTree":
+    def load(cls, saga: Saga) -> "SagaTree[Collaborator]":
         rows = (
             Collaborator.objects.filter(saga=saga).select_related("run").annotate(parent_id=F("delegation__delegator"))
         )
         members: dict[int, Collaborator] = {c.pk: c for c in rows}
-        return cls(saga=saga, members=members, parent={c.pk: c.parent_id for c in rows if c.parent_id is not None})
+        return SagaTree(saga=saga, members=members, parent={c.pk: c.parent_id for c in rows if c.parent_id is not None})
 
-    def with_delegates(self, delegator: Collaborator, delegates: list[Collaborator]) -> "SagaTree":
+    @classmethod
+    def shape(cls, saga: Saga) -> "SagaTree[Member]":
+        rows = Collaborator.objects.filter(saga=saga).values_list(
+            "id", "kind", "name", "user_id", "run__team_id", "delegation__delegator"
+        )
+        return SagaTree(
+            saga=saga,
+            members={row[0]: Member(*row[:5]) for row in rows},
+            parent={row[0]: row[5] for row in rows if row[5] is not None},
+        )
+
+    def with_delegates(self, delegator: Node, delegates: list[N]) -> "SagaTree[N]":
         """This tree with `delegates` added under `delegator`."""
         return SagaTree(
             saga=self.saga,
@@ -65,7 +112,7 @@ class SagaTree:
         parent = self.parent.get(cid)
         return {c for c, p in self.parent.items() if p == parent and c != cid} if parent is not None else set()
 
-    def visible_ids(self, caller: Collaborator) -> set[int]:
+    def visible_ids(self, caller: Node) -> set[int]:
         """Itself, its ancestors and descendants, its siblings where the policy allows, and every person.
 
         People see everyone: they are the ones the saga works for.
@@ -78,7 +125,7 @@ class SagaTree:
         ids |= {c.pk for c in self.members.values() if not c.is_agent}
         return ids
 
-    def addressable_ids(self, caller: Collaborator) -> set[int]:
+    def addressable_ids(self, caller: Node) -> set[int]:
         """The agents caller may address under the saga's policy.
 
         Every set here is inside what caller's delegator can see (its delegator, the delegator's
@@ -212,7 +259,7 @@ class JournalLens:
             self.load_tree()
 
     def load_tree(self) -> None:
-        tree = SagaTree.load(self.saga)
+        tree = SagaTree.shape(self.saga)
         me = next((c for c in tree.members.values() if c.user_id == self.user.pk), None)
         self.me = me.handle if me is not None else ""
         self.known = {c.handle for c in tree.members.values()}

@@ -9,11 +9,11 @@ instant cannot both slip under a cap.
 from django.conf import settings
 
 from sagas import errors
-from sagas.access import SagaTree
+from sagas.access import Member, Node, SagaTree
 from sagas.models import Collaborator, HumanRequest, Saga
 
 
-def check_delegate_caps(tree: SagaTree, delegator: Collaborator, *, adding: int = 1) -> None:
+def check_delegate_caps(tree: SagaTree[Member], delegator: Node, *, adding: int = 1) -> None:
     """An agent has at most `AGORA_MAX_DELEGATES_PER_AGENT` delegates, a saga at most
     `AGORA_MAX_AGENTS_PER_SAGA` agents; past either, `too_many_delegates` (429). Teammates are
     counted by their team's own cap (`sagas.actions.teams`), which a manager sets, not here.
@@ -21,7 +21,7 @@ def check_delegate_caps(tree: SagaTree, delegator: Collaborator, *, adding: int 
     per_agent, per_saga = settings.AGORA_MAX_DELEGATES_PER_AGENT, settings.AGORA_MAX_AGENTS_PER_SAGA
     if delegator.is_agent:
         delegates = tree.children().get(delegator.pk, [])
-        if sum(1 for c in delegates if tree.members[c].run.team_id is None) + adding > per_agent:
+        if sum(1 for c in delegates if tree.members[c].team_id is None) + adding > per_agent:
             raise errors.TooManyDelegates(f"{delegator.handle} already has {per_agent} delegates.", limit=per_agent)
     if sum(1 for c in tree.members.values() if c.is_agent) + adding > per_saga:
         raise errors.TooManyDelegates(f"This saga already has {per_saga} agents.", limit=per_saga)

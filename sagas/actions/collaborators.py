@@ -2,6 +2,7 @@
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -14,7 +15,7 @@ from accounts.actions import create_agent_users, issue_token
 from accounts.models import User
 from journal.actions import record
 from sagas import errors
-from sagas.access import ADDRESS_PERM, SagaTree, may_manage, permission_id
+from sagas.access import ADDRESS_PERM, Member, SagaTree, may_manage, permission_id
 from sagas.actions.caps import check_delegate_caps
 from sagas.actions.locking import lock_open_saga
 from sagas.actions.payloads import check_goal
@@ -23,6 +24,7 @@ from sagas.wakeups import ring_run_after_commit
 
 NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]{0,63}"
 NAME_RE = re.compile(NAME_PATTERN)  # whole names only: fullmatch (`$` admits a final newline)
+Grant = tuple[int, str, type[Model], Any]  # guardian's object permission: user id, codename, model, object id
 
 
 def acting_collaborator(saga: Saga, by: User) -> Collaborator | None:
@@ -85,7 +87,7 @@ def add_agents(
     per worker. Returns each collaborator, in order, with its token (external agents only)."""
     saga = lock_open_saga(saga.pk)
     check_new_agents(agents)
-    tree = SagaTree.load(saga)  # read once: who acts, the parent, the names taken, the caps, the grants
+    tree = SagaTree.shape(saga)  # read once: who acts, the parent, the names taken, the caps, the grants
     acting = next((c for c in tree.members.values() if c.user_id == by.pk), None)
     delegator = resolve_parent(tree, parent, by=by, acting=acting)
     names = [agent.name for agent in agents]
@@ -101,7 +103,7 @@ def add_agents(
         for agent, user in zip(agents, users, strict=True)
     )  # fmt: skip
     Delegation.objects.bulk_create(
-        Delegation(saga=saga, delegator=delegator, delegate=collaborator, task=collaborator.task)
+        Delegation(saga=saga, delegator_id=delegator.pk, delegate=collaborator, task=collaborator.task)
         for collaborator in collaborators
     )
     internal = [agent.runtime == Collaborator.Runtime.INTERNAL for agent in agents]
@@ -110,8 +112,9 @@ def add_agents(
             resumable=agent.resumable)
         for agent, collaborator, inside in zip(agents, collaborators, internal, strict=True)
     )  # fmt: skip
-    views = [(user.pk, "view_saga", saga) for user in users]
-    grant_permissions(views + address_grants(tree.with_delegates(delegator, collaborators), collaborators))
+    views = [(user.pk, "view_saga", Saga, saga.pk) for user in users]
+    newcomers = [Member(c.pk, c.kind, c.name, c.user_id, None) for c in collaborators]
+    grant_permissions(views + address_grants(tree.with_delegates(delegator, newcomers), newcomers))
     actor = acting.handle if acting else f"human:{by.username}"
     added = []
     for agent, collaborator, run, user, inside in zip(agents, collaborators, runs, users, internal, strict=True):
@@ -129,25 +132,25 @@ def add_agents(
     return added
 
 
-def address_grants(tree: SagaTree, newcomers: list[Collaborator]) -> list[tuple[int, str, Model]]:
+def address_grants(tree: SagaTree[Member], newcomers: list[Member]) -> list[Grant]:
     """The `address_collaborator` grants that newcomers (in tree already) bring under the saga's
     policy: theirs, and the others' on them. Newcomers change no pair between the others (each rule
     looks only at the delegations above and between the two), so nothing is read or removed."""
     new = {c.pk for c in newcomers}
     return [
-        (tree.members[a].user_id, ADDRESS_PERM, tree.members[b])
+        (tree.members[a].user_id, ADDRESS_PERM, Collaborator, b)
         for a in tree.members for b in tree.addressable_ids(tree.members[a]) if a in new or b in new
     ]  # fmt: skip
 
 
-def grant_permissions(grants: list[tuple[int, str, Model]]) -> None:
-    """guardian's object permissions `(user id, codename, object)`, written in one statement with
-    no lookup of the permissions (guardian's `assign_perm` reads each one first)."""
+def grant_permissions(grants: list[Grant]) -> None:
+    """guardian's object permissions `(user id, codename, model, object id)`, written in one
+    statement with no lookup of the permissions (guardian's `assign_perm` reads each one first)."""
     rows = []
-    for user_id, codename, obj in grants:
-        ctype_id, perm_id = permission_id(type(obj), codename)
+    for user_id, codename, model, pk in grants:
+        ctype_id, perm_id = permission_id(model, codename)
         rows.append(UserObjectPermission(user_id=user_id, permission_id=perm_id, content_type_id=ctype_id,
-                                         object_pk=str(obj.pk)))  # fmt: skip
+                                         object_pk=str(pk)))  # fmt: skip
     UserObjectPermission.objects.bulk_create(rows, ignore_conflicts=True)
 
 
@@ -171,7 +174,7 @@ def check_new_agents(agents: list[NewAgent]) -> None:
         )
 
 
-def resolve_parent(tree: SagaTree, parent: str | None, *, by: User, acting: Collaborator | None) -> Collaborator:
+def resolve_parent(tree: SagaTree[Member], parent: str | None, *, by: User, acting: Member | None) -> Member:
     """The delegator of a new agent: the named parent, or (for managers) the saga's owner."""
     if acting is not None and acting.is_agent and parent == acting.handle:
         return acting  # an agent's own delegate, whether it manages the saga or not: no permission to read
