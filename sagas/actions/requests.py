@@ -176,11 +176,11 @@ def check_ask(
         raise errors.NotFound(f"No collaborator {to} in this saga.")
     if recipient.pk == sender.pk:
         raise errors.InvalidPayload("An agent cannot ask itself.", errors={"to": ["That is you."]})
-    # The address grants follow the saga tree (sync_address_grants) and every agent one may address
+    # The address grants follow the saga tree (written as agents join) and every agent one may address
     # is one it sees: a grant settles it. Only a refusal needs the tree, to tell an agent the
     # sender cannot see (404, as for one that does not exist) from one it may not address.
     if not may_address(sender, recipient, granted=facts.granted):
-        if recipient.pk not in SagaTree.load(saga).visible_ids(sender):
+        if recipient.pk not in SagaTree.shape(saga).visible_ids(sender):
             raise errors.NotFound(f"No collaborator {to} in this saga.")
         raise errors.NotAddressable(f"The saga's {saga.policy} policy does not let {sender.handle} address {to}.")
     if recipient.run.is_finished and not recipient.run.resumable:
