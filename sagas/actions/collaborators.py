@@ -83,8 +83,8 @@ def add_agents(
 ) -> list[tuple[Collaborator, str | None]]:
     """Add agents under one parent, all or none, as `add_agent` adds one: with one lock, one check
     of each cap for all of them, and one write of each kind (users, collaborators, delegations,
-    runs, permissions), so that a Brain's support workers cost one step, not one
-    per worker. Returns each collaborator, in order, with its token (external agents only)."""
+    runs, permissions), so that a Brain's support workers cost one step, not one per worker.
+    Returns each collaborator, in order, with its token (external agents only)."""
     saga = lock_open_saga(saga.pk)
     check_new_agents(agents)
     tree = SagaTree.shape(saga)  # read once: who acts, the parent, the names taken, the caps, the grants
