@@ -309,10 +309,12 @@ def test_a_caller_that_hangs_up_resumes_the_same_wait_with_its_key(web_server: W
     # The hang-up did not end the wait (a loaded server may still be writing the request, though).
     sent = AgentRequest.objects.filter(sender=team["tester"], wait_deadline__isnull=False)
     request = wait_until(sent.first, what="the request the hung-up call sent, still waited on")
+    deadline = request.wait_deadline
+    assert deadline is not None
 
     retried = tester.post(path, body, headers={"Idempotency-Key": "hang-up"})
     # The retry waited out the first call's deadline, neither returning at once nor starting anew.
-    assert time.time() >= request.wait_deadline.timestamp() - 0.05
+    assert time.time() >= deadline.timestamp() - 0.05
     assert retried.ok(202) == {"request_id": request.pk, "status": "pending", "timed_out": True}
     request.refresh_from_db()
     assert (request.status, request.wait_deadline) == ("pending", None)
