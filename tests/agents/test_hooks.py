@@ -175,7 +175,7 @@ def test_a_hanging_command_is_killed_at_its_timeout_with_what_it_started(saga: S
     assert not outcome.blocked and outcome.context == ""
     assert not alive(int(pid_file.read_text()))
     # Its own child, in its process group, is killed with it.
-    wait_until(lambda: not alive(int(child_file.read_text())), timeout=5, what="the child to die")
+    wait_until(lambda: not alive(int(child_file.read_text())), timeout=15, what="the child to die")
     assert hook_events(saga)[0].data["status"] == "timed_out"
 
 

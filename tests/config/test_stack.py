@@ -183,7 +183,7 @@ def test_the_stack_comes_up_healthy_and_ctrl_c_leaves_no_process_behind(supervis
 
     assert supervisor.wait_exit() == 0
     assert "SIGINT received; stopping" in supervisor.log()
-    wait_until(lambda: not survivors(supervisor.tree), timeout=5, what="every child to be gone")
+    wait_until(lambda: not survivors(supervisor.tree), timeout=15, what="every child to be gone")
     assert not supervisor.redis_answers()
 
 
@@ -195,7 +195,7 @@ def test_when_a_child_dies_the_supervisor_names_it_and_stops_the_rest(supervisor
 
     assert supervisor.wait_exit() == 1
     assert "agora: worker exited with status -9; stopping everything" in supervisor.log()
-    wait_until(lambda: not survivors(supervisor.tree), timeout=5, what="every other child to be gone")
+    wait_until(lambda: not survivors(supervisor.tree), timeout=15, what="every other child to be gone")
     assert not supervisor.redis_answers()
 
 
