@@ -46,9 +46,9 @@ def free_port() -> int:
 def kill_group(proc: subprocess.Popen[Any], sig: int = signal.SIGKILL) -> None:
     """Signal proc's whole process group, unless proc has been reaped already.
 
-    A reaped leader's pid, the group's id, is free for reuse, and pids wrap around quickly on a
-    busy machine (pid_max is 32768 here): a late signal could kill another test's server. Until it
-    is reaped, a dead leader stays a zombie and keeps its pid, so the group id is still ours."""
+    A reaped leader's pid, the group's id, is free for reuse once no process is left in the group,
+    and pids wrap around (pid_max is 32768 here): a late signal could kill another test's server.
+    Until it is reaped, a dead leader stays a zombie and keeps its pid, so the group id is ours."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
