@@ -233,6 +233,7 @@ class WebServer:
         self.start()
 
     def start(self) -> None:
+        self.stopped = False
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
@@ -259,10 +260,16 @@ class WebServer:
             return False
 
     def restart(self) -> None:
-        stop_process(self.proc)
+        self.stop()
         self.start()
 
     def stop(self) -> None:
+        """Stop it. If it had died by itself meanwhile, say so in the test's report, with its log's
+        end: a test that failed on a refused or dropped call then shows why."""
+        if not self.stopped and self.proc.poll() is not None:
+            log = self.log_path.read_text(errors="replace")[-4000:]
+            print(f"daphne on port {self.port} exited by itself with {self.proc.returncode}:\n{log}")
+        self.stopped = True
         stop_process(self.proc)
 
 

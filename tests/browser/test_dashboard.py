@@ -14,7 +14,7 @@ from journal.actions import record
 from sagas import actions
 from sagas.models import Collaborator, HumanRequest, Saga, SteeringItem
 from tests.browser.conftest import Browse, django_calls
-from tests.support import CeleryWorker, WebServer, stop_process, wait_until
+from tests.support import CeleryWorker, WebServer, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -226,7 +226,7 @@ def test_after_the_socket_drops_no_event_is_missing_or_duplicated(
     expect(timeline_row(page, last)).to_be_visible()
 
     # the server itself goes away and comes back; events happen while it is down, and after
-    stop_process(web_server.proc)
+    web_server.stop()
     expect(page.locator("#live-status")).to_have_attribute("data-state", "connecting")
     for i in range(68, 71):
         last = note(i)
