@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import User
@@ -70,16 +70,12 @@ def ask_agent(
         raise errors.InvalidPayload("Bad timeout.", errors={"timeout_s": ["Must be positive."]})
     digest = body_hash(to=to, type=type, payload=payload, mode=mode)
     saga = lock_saga(sender.saga_id)
-    facts = read_ask(saga, sender, to.partition(":")[2])
+    facts = read_ask(saga, sender, to.partition(":")[2], idempotency_key)
     check_open(facts.saga_status)  # as lock_open_saga() would, with the status read just now
+    if facts.key_used:  # a key that was used before answers with its request, whatever has changed since
+        return replay(sender, idempotency_key, digest), False
     now = timezone.now()
-    try:
-        recipient, hop = check_ask(saga, sender, to, mode, facts, now=now)
-    except errors.KernelError:
-        # A key that was used before answers with its request, whatever has changed since.
-        if idempotency_key and (first := replay(sender, idempotency_key, digest)):
-            return first, False
-        raise
+    recipient, hop = check_ask(saga, sender, to, mode, facts, now=now)
     run = recipient.run
     request = AgentRequest(
         saga=saga, sender=sender, recipient=recipient, type=type, payload=payload, mode=mode,
@@ -87,21 +83,14 @@ def ask_agent(
         wait_deadline=now + timedelta(seconds=wait_s) if mode == AgentRequest.Mode.WAIT else None,
         expires_at=now + timedelta(seconds=settings.AGORA_REQUEST_TTL_S),
     )  # fmt: skip
-    if not idempotency_key:  # nothing to conflict with: nobody waits for its answer
-        insert(request, later=True)
-    else:
-        try:
-            with transaction.atomic():
-                insert(request)
-        except IntegrityError:  # its key was used before: answer with that request (or a conflict)
-            if (first := replay(sender, idempotency_key, digest)) is None:
-                raise
-            return first, False
+    # Nobody waits for it: the saga's lock keeps the key as unused as read_ask() found it.
+    insert(request, later=True)
     # A finished run reaching this point is resumable: the new request restarts it.
     resumed = run.is_finished and Run.objects.filter(pk=run.pk, status__in=Run.FINISHED).update(status=Run.Status.IDLE)
     push_steering(
-        recipient=recipient, kind=SteeringItem.Kind.REQUEST, sender=sender.handle, request=request, payload=payload
-    )
+        recipient=recipient, kind=SteeringItem.Kind.REQUEST, sender=sender.handle, request=request, payload=payload,
+        later=True,
+    )  # fmt: skip
     record(
         saga_id=saga.pk,
         type="request.created",
@@ -131,22 +120,23 @@ class AskFacts:
     sent: int  # the sender's open requests
     deepest: int | None  # the deepest hop among the open requests the sender received
     backlog: int  # the recipient's unread steering
+    key_used: bool  # whether the sender made a request with this idempotency key before
 
 
-def read_ask(saga: Saga, sender: Collaborator, name: str) -> AskFacts:
+def read_ask(saga: Saga, sender: Collaborator, name: str, idempotency_key: str = "") -> AskFacts:
     """What check_ask() and check_open() decide on, for an ask of the agent `name`."""
     params = [
         sender.user_id, ADDRESS_PERM, sender.pk, *_OPEN_STATUSES, sender.pk, *_OPEN_STATUSES,
-        Collaborator.Kind.AGENT.value, name, db_value(Saga, "id", saga.pk),
+        sender.pk, idempotency_key or None, Collaborator.Kind.AGENT.value, name, db_value(Saga, "id", saga.pk),
     ]  # fmt: skip
-    row = fetch_one(_ASK_SQL, params, Collaborator, Run, plain=5)
+    row = fetch_one(_ASK_SQL, params, Collaborator, Run, plain=6)
     if row is None:  # the saga row itself is gone (deleted)
         raise errors.NotFound(f"No saga {saga.pk}.")
-    status, granted, sent, deepest, backlog, collaborator, run = row
+    status, granted, sent, deepest, backlog, key_used, collaborator, run = row
     if collaborator is not None and run is not None:
         run.collaborator = collaborator  # and collaborator.run is run
     recipient = collaborator if run is not None else None
-    return AskFacts(status, recipient, bool(granted), sent, deepest, backlog)
+    return AskFacts(status, recipient, bool(granted), sent, deepest, backlog, bool(key_used))
 
 
 _OPEN_STATUSES = [status.value for status in AgentRequest.OPEN]
@@ -159,6 +149,7 @@ _ASK_SQL = (
     f"(SELECT COUNT(*) FROM {AgentRequest._meta.db_table} WHERE sender_id = %s AND status IN ({_OPEN})), "
     f"(SELECT MAX(hop) FROM {AgentRequest._meta.db_table} WHERE recipient_id = %s AND status IN ({_OPEN})), "
     f"(SELECT COUNT(*) FROM {SteeringItem._meta.db_table} WHERE recipient_id = c.id AND consumed_at IS NULL), "
+    f"EXISTS (SELECT 1 FROM {AgentRequest._meta.db_table} WHERE sender_id = %s AND idempotency_key = %s), "
     f"{columns(Collaborator, 'c')}, {columns(Run, 'r')} FROM {Saga._meta.db_table} s "
     f"LEFT JOIN {Collaborator._meta.db_table} c ON c.saga_id = s.id AND c.kind = %s AND c.name = %s "
     f"LEFT JOIN {Run._meta.db_table} r ON r.collaborator_id = c.id WHERE s.id = %s"
@@ -206,9 +197,10 @@ def sender_run_id(collaborator: Collaborator) -> str:
         return ""
 
 
-def replay(sender: Collaborator, key: str, digest: str) -> AgentRequest | None:
-    first = AgentRequest.objects.filter(sender=sender, idempotency_key=key).first()
-    if first is not None and first.body_hash != digest:
+def replay(sender: Collaborator, key: str, digest: str) -> AgentRequest:
+    """The sender's request made with this key, if it was for the same body."""
+    first = AgentRequest.objects.get(sender=sender, idempotency_key=key)
+    if first.body_hash != digest:
         raise errors.IdempotencyConflict("This Idempotency-Key was already used for a different request.")
     return first
 
@@ -319,12 +311,13 @@ def close_request(request: AgentRequest, *, actor: str, notify_recipient: bool) 
         SteeringItem.Kind.RESPONSE if request.status in (Status.COMPLETED, Status.FAILED) else SteeringItem.Kind.NOTICE
     )
     push_steering(
-        recipient=request.sender, kind=kind, sender=request.recipient.handle, request=request, payload=body["payload"]
-    )
+        recipient=request.sender, kind=kind, sender=request.recipient.handle, request=request,
+        payload=body["payload"], later=True,
+    )  # fmt: skip
     if notify_recipient:
         push_steering(
             recipient=request.recipient, kind=SteeringItem.Kind.NOTICE, sender=request.sender.handle, request=request,
-            payload={"status": request.status},
+            payload={"status": request.status}, later=True,
         )  # fmt: skip
     if request.mode == AgentRequest.Mode.WAIT:  # only a wait parks its sender's run
         resume_waiter(request=request)

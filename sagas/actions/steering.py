@@ -7,7 +7,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db, defer, fetch, prepared, update
+from config.sql import columns, db, defer, fetch, flush, prepared, update
 from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
@@ -16,7 +16,7 @@ from sagas.actions.locking import lock_open_saga, lock_saga
 from sagas.actions.payloads import check_payload
 from sagas.metrics import count_round_trips
 from sagas.models import AgentRequest, Broadcast, Collaborator, HumanRequest, Run, Saga, SteeringItem
-from sagas.wakeups import publish_after_commit, ring_run_after_commit, steering_channel
+from sagas.wakeups import publish_after_commit, ring_run, ring_run_after_commit, steering_channel
 
 # Every request and reply goes through push_steering(): plain statements. The first takes the
 # recipient's next seq; nothing waits for its answer, the insert reads it back (on PostgreSQL both go
@@ -43,8 +43,12 @@ def push_steering(
     human_request: HumanRequest | None = None,
     broadcast: Broadcast | None = None,
     payload: Any = None,
+    later: bool = False,
 ) -> SteeringItem:
-    """Append to the recipient's steering and wake it after commit; never interrupts a running turn."""
+    """Append to the recipient's steering and wake it after commit; never interrupts a running turn.
+
+    With `later` nothing here waits for the database (config.sql.defer): the item's id and seq
+    arrive with the transaction's next statement or its COMMIT, for a caller that does not read them."""
     item = SteeringItem(
         recipient=recipient, kind=kind, sender=sender, request=request, human_request=human_request,
         broadcast=broadcast, payload=payload,
@@ -53,9 +57,13 @@ def push_steering(
     fields = [SteeringItem._meta.get_field(name) for name in _PUSHED]
     params = [f.get_db_prep_save(f.pre_save(item, True), conn) for f in fields]  # type: ignore[union-attr]
     defer(_NEXT_STEERING_SEQ_SQL, [recipient.pk])
-    with conn.cursor() as cursor:
-        cursor.execute(_PUSH_SQL, [*params, recipient.pk])
-        item.pk, item.seq = cursor.fetchone()
+
+    def pushed(rows: list[tuple[Any, ...]]) -> None:
+        item.pk, item.seq = rows[0]
+
+    defer(_PUSH_SQL, [*params, recipient.pk], then=pushed)
+    if not later:
+        flush()
     item._state.adding, item._state.db = False, conn.alias
     wake(recipient)
     return item
@@ -70,15 +78,14 @@ def waits_over_http(collaborator: Collaborator) -> bool:
 
 def wake(collaborator: Collaborator) -> None:
     """An idle internal run gets a turn; a running one finds the item when its turn ends; anyone
-    else may be long-polling its steering."""
+    else may be long-polling its steering. Nothing waits for the database: the run to ring, if
+    any, comes back before the commit it is rung after."""
     if waits_over_http(collaborator):
         publish_after_commit(steering_channel(collaborator.pk))
         return
-    with connection.cursor() as cursor:
-        cursor.execute(_WAKE_SQL, [Run.Status.QUEUED.value, collaborator.pk, Run.Status.IDLE.value])
-        woken = cursor.fetchone()
-    if woken:
-        ring_run_after_commit(woken[0])
+    woken: list[tuple[Any, ...]] = []
+    defer(_WAKE_SQL, [Run.Status.QUEUED.value, collaborator.pk, Run.Status.IDLE.value], then=woken.extend)
+    transaction.on_commit(lambda: woken and ring_run(woken[0][0]))
 
 
 def resume_waiter(request: AgentRequest) -> None:

@@ -120,6 +120,12 @@ def queued_turns(redis_url: str) -> list[str]:
     return run_ids
 
 
+def forget_queued_turns(redis_url: str) -> None:
+    """Empty the broker's default queue (a test's set-up may have rung turns that committed)."""
+    with Redis.from_url(redis_url) as client:
+        client.delete("celery")
+
+
 def run_concurrently(*calls: Callable[[], T]) -> list[Future[T]]:
     """Start every call at the same instant, each in its own thread with its own database
     connection (closed at the end), and return their settled futures."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from django.conf import LazySettings
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -22,6 +22,7 @@ from tests.sagas.kernel import (
     Team,
     events_of,
     field_errors,
+    forget_queued_turns,
     journal,
     last_seq,
     outcomes,
@@ -80,15 +81,17 @@ def test_an_idle_external_recipient_is_not_restarted_by_a_request(team: Team) ->
     assert team.run("coder").status == Run.Status.IDLE
 
 
-def test_an_idle_internal_recipient_is_queued_and_rung_after_commit(
-    make_team: MakeTeam, redis_url: str, django_capture_on_commit_callbacks: Any
-) -> None:
+# A real commit: on PostgreSQL the run to ring comes back with the COMMIT, before its hooks run.
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_internal_recipient_is_queued_and_rung_after_commit(make_team: MakeTeam, redis_url: str) -> None:
     team = make_team(internal=["coder"])
     coder_run = team.run("coder")
     Run.objects.filter(pk=coder_run.pk).update(status=Run.Status.IDLE)  # its first turn is over
+    forget_queued_turns(redis_url)
 
-    with django_capture_on_commit_callbacks(execute=True):
+    with transaction.atomic():
         ask_agent(sender=team["lead"], to="agent:coder", type="ping", payload={})
+        assert queued_turns(redis_url) == []
 
     assert team.run("coder").status == Run.Status.QUEUED
     assert queued_turns(redis_url) == [coder_run.pk]
@@ -462,15 +465,14 @@ def test_a_finished_resumable_external_agent_accepts_and_its_run_comes_back_idle
     assert journal(team.saga, after=mark) == [("request.created", "agent:lead"), ("run.resumed", "agent:lead")]
 
 
-def test_a_finished_resumable_internal_agent_is_queued_and_rung(
-    make_team: MakeTeam, redis_url: str, django_capture_on_commit_callbacks: Any
-) -> None:
+@pytest.mark.django_db(transaction=True)
+def test_a_finished_resumable_internal_agent_is_queued_and_rung(make_team: MakeTeam, redis_url: str) -> None:
     team = make_team(internal=["coder"], resumable=["coder"])
     coder_run = team.run("coder")
     finish_run(run=coder_run, status=Run.Status.COMPLETED)
+    forget_queued_turns(redis_url)
 
-    with django_capture_on_commit_callbacks(execute=True):
-        ask_agent(sender=team["lead"], to="agent:coder", type="ping", payload={})
+    ask_agent(sender=team["lead"], to="agent:coder", type="ping", payload={})
 
     assert team.run("coder").status == Run.Status.QUEUED
     assert queued_turns(redis_url) == [coder_run.pk]
