@@ -189,17 +189,17 @@ class Turns:
         """One of the turns' transactions: under the saga's lock (taken first, as by every kernel
         write: one lock order, no deadlocks), first the claim or a renewal of the lease, which
         proves this task holds the turn, and last the new transcript entries. That proof is also
-        what makes the saga's copy `current` (saga_transaction): its status is not read again."""
+        what makes the saga's copy `current` (saga_transaction): its status is not read again. A
+        renewal's answer is read last, before the commit: nothing waits for it in between, and a
+        turn that was taken over rolls back whole."""
         with actions.saga_transaction(self.collaborator.saga, current=True):
-            if not (
-                actions.take_turn(self.run, worker=self.worker)
-                if claim
-                else actions.renew_lease(run_id=self.run.pk, turn=self.turn)
-            ):
-                if not claim:  # a turn this task held was taken over (a claim that fails never held one)
-                    metrics.turn_ended("lost")
-                raise LostTurn
+            if claim and not actions.take_turn(self.run, worker=self.worker):
+                raise LostTurn  # a claim that fails never held the turn
+            held = None if claim else actions.prove_lease(run_id=self.run.pk, turn=self.turn)
             yield
+            if held is not None and not held():
+                metrics.turn_ended("lost")
+                raise LostTurn
             self.transcript.save()
 
     def begin(self) -> bool:

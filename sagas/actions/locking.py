@@ -39,6 +39,13 @@ def lock_saga(saga_id: Any) -> Saga:
     return saga
 
 
+def holds_lock(saga_id: Any) -> bool:
+    """Whether this transaction already holds the saga's lock (saga_transaction): what it reads of
+    the saga's state now stays as read until it commits."""
+    held = _held_lock.get()
+    return held is not None and str(held.saga.pk) == str(saga_id)
+
+
 def lock_open_saga(saga_id: Any) -> Saga:
     """lock_saga() for the writes that start work (a collaborator joins, a form, a spawn, a
     broadcast, a steering message): a finished saga refuses them with `saga_finished`. An ask does
@@ -79,8 +86,9 @@ def saga_transaction(saga: Saga, *, current: bool = False) -> Iterator[Saga]:
     changes only in finish_saga(), which ends every run of the saga in the same transaction. So
     lock_open_saga() reads the status again for the writes that start work, unless the caller says
     its copy is `current`: a turn's transaction, which starts by proving its run's lease under this
-    lock (take_turn, renew_lease) and ends if it cannot; a run that still holds its lease there
-    belongs to a saga that was open when the lock was taken, and stays so until it is released.
+    lock (take_turn, prove_lease) and rolls back whole if it cannot; a run that still holds its
+    lease there belongs to a saga that was open when the lock was taken, and stays so until it is
+    released.
     """
     with transaction.atomic():
         if connection.vendor != "sqlite":

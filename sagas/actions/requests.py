@@ -18,7 +18,7 @@ from config.sql import columns, db_value, fetch_one, insert, update
 from journal.actions import record
 from sagas import errors
 from sagas.access import ADDRESS_PERM, SagaTree, address_grant_sql, may_address, may_manage
-from sagas.actions.locking import check_open, lock_saga
+from sagas.actions.locking import check_open, holds_lock, lock_saga
 from sagas.actions.payloads import check_payload
 from sagas.actions.steering import push_steering, resume_waiter, waits_over_http
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
@@ -271,6 +271,7 @@ def closed_error(request: AgentRequest) -> errors.KernelError:
 def reply_to_request(*, request_id: str, by: User, payload: Any = None, error: Any = None) -> AgentRequest:
     """The recipient's one reply (a payload, or an error that fails the request)."""
     request = get_request_for(by, request_id)
+    read_under_lock = holds_lock(request.saga_id)  # a turn's: its status stays as read
     lock_saga(request.saga_id)
     if request.recipient.user_id != by.pk:
         raise errors.Forbidden("Only the recipient replies to a request.")
@@ -279,7 +280,7 @@ def reply_to_request(*, request_id: str, by: User, payload: Any = None, error: A
     check_payload(payload if error is None else error)
     status = Status.COMPLETED if error is None else Status.FAILED
     err = None if error is None else normalise_error(error)
-    if not settle(request, status, reply=payload, error=err):
+    if not settle(request, status, later=read_under_lock, reply=payload, error=err):
         request.refresh_from_db()
         raise closed_error(request)
     close_request(request, actor=request.recipient.handle, notify_recipient=False)
@@ -292,11 +293,15 @@ def normalise_error(error: Any) -> dict[str, Any]:
     return {"code": "error", "message": str(error)}
 
 
-def settle(request: AgentRequest, status: str, **fields: Any) -> bool:
+def settle(request: AgentRequest, status: str, *, later: bool = False, **fields: Any) -> bool:
     """Compare-and-set an open request to a terminal status. The one that wins also updates the
-    object it holds (loaded with its sender and recipient, which close_request() reads)."""
+    object it holds (loaded with its sender and recipient, which close_request() reads). With
+    `later`, for a request read under its saga's lock (which every writer of requests takes): its
+    status decides, and nothing waits for the UPDATE (config.sql.defer)."""
+    if later and request.status not in AgentRequest.OPEN:
+        return False
     changes = {"status": status, "wait_deadline": None, "updated_at": timezone.now(), **fields}
-    if not update(AgentRequest, {"id": request.pk, "status": _OPEN_STATUSES}, **changes):
+    if not update(AgentRequest, {"id": request.pk, "status": _OPEN_STATUSES}, later=later, **changes):
         return False
     for name, value in changes.items():
         setattr(request, name, value)

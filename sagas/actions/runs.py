@@ -1,6 +1,7 @@
 """Runs and leases: the state machine of an agent's run, the turns the runtime drives through it
 (claim, lease, park, end), and its terminal transition."""
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -9,7 +10,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db, db_value, defer, fetch, fetch_one, prepared, update
+from config.sql import columns, db, db_value, defer, fetch, fetch_one, flush, prepared, update
 from journal.actions import record
 from sagas import errors
 from sagas.actions.locking import lock_open_saga, lock_saga, saga_transaction
@@ -191,12 +192,43 @@ def reclaim_lapsed_turn(*, run_id: str, now: Any, mark: Any) -> bool:
     return True
 
 
-def renew_lease(*, run_id: str, turn: int, next_turn: bool = False) -> bool:
+def renew_lease(*, run_id: str, turn: int, next_turn: bool = False, later: bool = False) -> bool:
     """Extend the lease of the running turn `turn`, or with `next_turn` move on to turn + 1 under
     a fresh lease. False once the turn has been taken away from this worker. A plain statement:
-    every transaction of a turn starts with it."""
+    every transaction of a turn starts with it. With `later`, for the transaction that has proved
+    the lease already (its row is locked until the commit, so the renewal cannot miss), nothing
+    waits for it (config.sql.defer)."""
     mine = {"id": run_id, "status": Run.Status.RUNNING, "turn": turn}
-    return bool(update(Run, mine, turn=turn + next_turn, lease_until=lease_deadline(), updated_at=timezone.now()))
+    return bool(
+        update(Run, mine, later=later, turn=turn + next_turn, lease_until=lease_deadline(), updated_at=timezone.now())
+    )
+
+
+def prove_lease(*, run_id: str, turn: int) -> Callable[[], bool]:
+    """renew_lease() for a transaction that goes on without waiting for its answer: the renewal
+    goes with the transaction's next statement (config.sql.defer). The answer, called before the
+    transaction commits, says whether the turn was this worker's; on False the caller rolls back
+    everything the transaction did since (the renewal takes the run's row lock first, so a True
+    holds to the commit)."""
+    answer: list[list[tuple[Any, ...]]] = []
+    params = [
+        turn, db_value(Run, "lease_until", lease_deadline()), db_value(Run, "updated_at", timezone.now()), run_id,
+        Run.Status.RUNNING.value, turn,
+    ]  # fmt: skip
+    defer(_RENEW_SQL, params, then=answer.append)
+
+    def held() -> bool:
+        if not answer:  # nothing went to the database since
+            flush()
+        return bool(answer and answer[0])
+
+    return held
+
+
+_RENEW_SQL = prepared(
+    f"UPDATE {Run._meta.db_table} SET turn = %s, lease_until = %s, updated_at = %s "
+    "WHERE id = %s AND status = %s AND turn = %s RETURNING id"
+)
 
 
 @transaction.atomic(savepoint=False)
@@ -213,8 +245,9 @@ def park_on_request(*, run: Run, turn: int, request_id: str, tool_call_id: str) 
 def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str | None:
     """Leave the turn: wait on a request, come back for another turn, or go idle. With `carry_on`,
     a run that comes back keeps its worker: it stays `running` with the next turn number and a new
-    lease (returns `running`) instead of queueing for any worker. `run` is the turn's own object,
-    loaded with its collaborator and carrying what park_on_request() set.
+    lease (returns `running`) instead of queueing for any worker: only in the transaction that
+    proved this task's lease (the turn's own, agents/executor.py), so moving on cannot miss. `run`
+    is the turn's own object, loaded with its collaborator and carrying what park_on_request() set.
 
     Under the saga lock, so a reply or a steering item that lands at the same instant either sees
     the run parked (and wakes it) or is seen here (and the run comes straight back).
@@ -240,7 +273,8 @@ def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str 
             return Run.Status.WAITING
         more = True
     if more and carry_on:
-        return Run.Status.RUNNING if renew_lease(run_id=run.pk, turn=turn, next_turn=True) else None
+        renew_lease(run_id=run.pk, turn=turn, next_turn=True, later=True)
+        return Run.Status.RUNNING
     if more:
         status: str | None = Run.Status.QUEUED
         moved = update(Run, mine, status=status, lease_until=None, updated_at=timezone.now())

@@ -5,18 +5,22 @@ ReadyForQuery). A change that adds a statement to every task fails here, not in 
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from psycopg import pq
 
 from accounts.models import User
-from agents import transcripts
+from agents import executor, transcripts
 from agents.executor import run_turn
-from agents.models import AgentProfile
+from agents.models import AgentProfile, TranscriptEntry
+from journal.models import JournalEvent
 from sagas import actions
-from sagas.models import Collaborator, Run, Saga
+from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
 from tests.sagas.kernel import written_out
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,8 +29,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # savepoints and the deferred statements, the journal's included), and round trips to PostgreSQL,
 # of a task that takes one request, replies to it and goes idle: three turns of an agent that ran
 # its first turn in this process.
-STATEMENTS = {"sqlite": 30, "postgresql": 18}
-ROUND_TRIPS = 15
+STATEMENTS = {"sqlite": 30, "postgresql": 13}
+ROUND_TRIPS = 10
 
 
 @pytest.fixture
@@ -129,3 +133,35 @@ def test_a_run_whose_profile_is_gone_fails_at_its_turn(saga: Saga, alice: User) 
 
     run = Run.objects.get(pk=echo.run.pk)
     assert (run.status, run.error) == (Run.Status.FAILED, "No agent profile 'echo'.")
+
+
+def test_a_turn_taken_over_during_its_model_call_writes_nothing_of_what_followed(
+    saga: Saga, alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
+    asker = add(saga, alice, "asker", runtime="external")
+    run_turn(echo.run.pk)
+    request, _ = actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 1})
+    call_models = executor.Turns.call_models
+
+    def taken_over(turns: executor.Turns, messages: Any) -> Any:
+        answer = call_models(turns, messages)
+        # Meanwhile the lease lapsed and the reconciler gave the turn back to the queue.
+        assert actions.reclaim_lapsed_turn(
+            run_id=turns.run.pk, now=timezone.now() + timedelta(hours=1), mark=timezone.now()
+        )
+        return answer
+
+    monkeypatch.setattr(executor.Turns, "call_models", taken_over)
+
+    run_turn(echo.run.pk)  # the reply it would have sent rides after a renewal that finds no turn
+
+    run = Run.objects.get(pk=echo.run.pk)
+    assert (run.status, run.turn) == (Run.Status.QUEUED, 2)  # as the reclaim left it
+    assert AgentRequest.objects.get(pk=request.pk).status == AgentRequest.Status.DELIVERED
+    assert not SteeringItem.objects.filter(recipient=asker).exists()
+    assert not JournalEvent.objects.filter(saga=saga, run_id=echo.run.pk, type="llm_call", data__turn=2).exists()
+    assert not JournalEvent.objects.filter(saga=saga, type="request.completed").exists()
+    # Of turn 2 only its input (the request, committed with the claim); not the model's message.
+    entries = TranscriptEntry.objects.filter(run_id=echo.run.pk, turn=2)
+    assert [entry.message["role"] for entry in entries] == ["user"]

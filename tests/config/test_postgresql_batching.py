@@ -17,6 +17,7 @@ from config.postgresql.base import DatabaseWrapper, numbered
 from config.sql import defer, prepared
 from sagas import actions
 from sagas.actions.requests import _ASK_SQL
+from sagas.models import Run
 from tests.sagas.conftest import build_team
 from tests.sagas.kernel import written_out
 
@@ -212,17 +213,22 @@ def test_placeholders_are_numbered_and_percent_signs_kept() -> None:
 
 def test_an_ask_in_a_turn_reads_in_the_message_that_takes_the_saga_lock(alice: User) -> None:
     """A turn's transaction (the saga's lock held, its copy current): BEGIN, the lock and the ask's
-    one read (the recipient and its run, the grant, the limits, the saga's status) go in the first
-    message; the wake-up of the recipient's run (whose answer says whether to ring it) in a second;
-    the request, its steering and its journal event with the COMMIT."""
-    lead = build_team(owner=alice)["lead"]
+    one read (the recipient and its run, the grant, the limits, the idempotency key's use, the
+    saga's status) go in the first message; the request, its steering item, the recipient's
+    wake-up and the journal event with the COMMIT."""
+    team = build_team(owner=alice, internal=["coder"])
+    Run.objects.filter(pk=team.run("coder").pk).update(status=Run.Status.IDLE)  # woken by the ask
+    lead = team["lead"]
     connection.ensure_connection()
     with wire() as sent, actions.saga_transaction(lead.saga, current=True):
-        actions.ask_agent(sender=lead, to="agent:coder", type="ping", payload={})
+        actions.ask_agent(sender=lead, to="agent:coder", type="ping", payload={}, idempotency_key="call-1")
     messages = [written_out(message) for message in sent()]
     first = messages[0].split("; ")
     assert first[0] == "BEGIN" and first[1].endswith("FOR NO KEY UPDATE")
     assert first[-1].startswith(_ASK_SQL.split("%s")[0])
-    assert len(messages) == 3, messages  # with one read for each of those, and the event's own: 8
-    assert messages[-1].endswith("RETURNING id, seq, created_at; COMMIT")  # the journal event's
+    assert len(messages) == 2, messages  # with one read for each of those, and the event's own: 8
+    last = messages[-1]
+    assert "INSERT INTO sagas_agentrequest" in last and "INSERT INTO sagas_steeringitem" in last
+    assert "UPDATE sagas_run SET status" in last  # the wake-up
+    assert last.endswith("RETURNING id, seq, created_at; COMMIT")  # the journal event's
     assert all(not m.startswith("SELECT") for m in messages[1:])

@@ -1,6 +1,7 @@
 """Outcomes of a request: replies, errors, cancellation, their races, and the terminal states that
 finishing a run forces on requests addressed to it."""
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from sagas.actions import (
     finish_run,
     park_on_request,
     reply_to_request,
+    saga_transaction,
     set_external_status,
     steer,
 )
@@ -142,13 +144,21 @@ def test_to_anyone_else_the_request_does_not_exist(team: Team, who: str, request
         reply_to_request(request_id="req-doesnotexist", by=user, payload={})
 
 
-def test_a_second_reply_is_already_answered_and_changes_nothing(team: Team) -> None:
+def replying(team: Team, in_turn: bool) -> AbstractContextManager[object]:
+    """Where a reply is made: on its own, or (in_turn) in a transaction that already holds the
+    saga's lock, as an internal agent's turn does, where the request's status is read under it."""
+    return saga_transaction(team.saga) if in_turn else nullcontext()
+
+
+@pytest.mark.parametrize("in_turn", [False, True])
+def test_a_second_reply_is_already_answered_and_changes_nothing(team: Team, in_turn: bool) -> None:
     request = ask(team)
-    reply_to_request(request_id=request.pk, by=team.user("coder"), payload={"first": True})
+    with replying(team, in_turn):
+        reply_to_request(request_id=request.pk, by=team.user("coder"), payload={"first": True})
     mark = last_seq(team.saga)
 
     for second in ({"payload": {"second": True}}, {"error": "changed my mind"}):
-        with pytest.raises(errors.AlreadyAnswered) as refused:
+        with pytest.raises(errors.AlreadyAnswered) as refused, replying(team, in_turn):
             reply_to_request(request_id=request.pk, by=team.user("coder"), **second)
         assert (refused.value.code, refused.value.status) == ("already_answered", 409)
 
@@ -246,12 +256,13 @@ def test_only_the_sender_cancels(team: Team, who: str) -> None:
     assert AgentRequest.objects.get(pk=request.pk).status == "pending"
 
 
-def test_a_late_reply_to_a_cancelled_request_is_refused(team: Team) -> None:
+@pytest.mark.parametrize("in_turn", [False, True])
+def test_a_late_reply_to_a_cancelled_request_is_refused(team: Team, in_turn: bool) -> None:
     request = ask(team)
     cancel_request(request_id=request.pk, by=team.user("lead"))
     mark = last_seq(team.saga)
 
-    with pytest.raises(errors.RequestCancelled) as refused:
+    with pytest.raises(errors.RequestCancelled) as refused, replying(team, in_turn):
         reply_to_request(request_id=request.pk, by=team.user("coder"), payload={"late": True})
 
     assert (refused.value.code, refused.value.status) == ("request_cancelled", 409)
