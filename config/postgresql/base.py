@@ -138,10 +138,11 @@ class Cursor(base.Cursor):
         if not isinstance(query, str) or kwargs:  # a composed query goes on its own
             send(conn, before)
             return super().execute(query, params, **kwargs)
-        # The statements before it are bound already: with parameters, their % are literal.
-        sent = [statement.replace("%", "%%") for statement in before] if params is not None else before
+        # The statements before it are bound already: so is it, and the message goes without
+        # parameters (the driver then parses none of it for placeholders).
+        bound = query if params is None else self.mogrify(query, params)
         try:
-            super().execute("; ".join([*sent, query]), params)
+            super().execute("; ".join([*before, bound]))
         except BaseException:
             settled(conn, sent=False)
             raise
