@@ -85,7 +85,7 @@ def wake(collaborator: Collaborator) -> None:
         return
     woken: list[tuple[Any, ...]] = []
     defer(_WAKE_SQL, [Run.Status.QUEUED.value, collaborator.pk, Run.Status.IDLE.value], then=woken.extend)
-    transaction.on_commit(lambda: woken and ring_run(woken[0][0]))
+    transaction.on_commit(lambda: ring_run(woken[0][0]) if woken else None)
 
 
 def resume_waiter(request: AgentRequest) -> None:
