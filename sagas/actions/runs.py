@@ -194,26 +194,23 @@ def reclaim_lapsed_turn(*, run_id: str, now: Any, mark: Any) -> bool:
 
 def renew_lease(*, run_id: str, turn: int, next_turn: bool = False, later: bool = False) -> bool:
     """Extend the lease of the running turn `turn`, or with `next_turn` move on to turn + 1 under
-    a fresh lease. False once the turn has been taken away from this worker. A plain statement:
-    every transaction of a turn starts with it. With `later`, for the transaction that has proved
-    the lease already (its row is locked until the commit, so the renewal cannot miss), nothing
-    waits for it (config.sql.defer)."""
-    mine = {"id": run_id, "status": Run.Status.RUNNING, "turn": turn}
-    return bool(
-        update(Run, mine, later=later, turn=turn + next_turn, lease_until=lease_deadline(), updated_at=timezone.now())
-    )
+    a fresh lease. False once the turn has been taken away from this worker. With `later`, for the
+    transaction that has proved the lease already (its row is locked until the commit, so the
+    renewal cannot miss), nothing waits for it."""
+    held = prove_lease(run_id=run_id, turn=turn, next_turn=next_turn)
+    return later or held()
 
 
-def prove_lease(*, run_id: str, turn: int) -> Callable[[], bool]:
+def prove_lease(*, run_id: str, turn: int, next_turn: bool = False) -> Callable[[], bool]:
     """renew_lease() for a transaction that goes on without waiting for its answer: the renewal
     goes with the transaction's next statement (config.sql.defer). The answer, called before the
     transaction commits, says whether the turn was this worker's; on False the caller rolls back
     everything the transaction did since (the renewal takes the run's row lock first, so a True
-    holds to the commit)."""
+    holds to the commit). Every transaction of a turn starts with it."""
     answer: list[list[tuple[Any, ...]]] = []
     params = [
-        turn, db_value(Run, "lease_until", lease_deadline()), db_value(Run, "updated_at", timezone.now()), run_id,
-        Run.Status.RUNNING.value, turn,
+        turn + next_turn, db_value(Run, "lease_until", lease_deadline()), db_value(Run, "updated_at", timezone.now()),
+        run_id, Run.Status.RUNNING.value, turn,
     ]  # fmt: skip
     defer(_RENEW_SQL, params, then=answer.append)
 
