@@ -14,22 +14,21 @@ from journal.models import JournalEvent, JournalHead
 
 logger = logging.getLogger(__name__)
 
-# Plain statements, no ORM compile (config/sql.py): every change in Agora writes here, several
-# times per agent turn. On PostgreSQL, two. The first allocates the next seq: it inserts the saga's
-# head row or bumps it, with the event's time, never earlier than the previous event's. The row lock
-# it takes is held until commit, so a saga's writers run one after another: seqs are gap-free and
-# appear in commit order, and seq order is time order. The second inserts the event with the head's
-# seq and time. Nobody waits for either: both go with the transaction's next statement or its
-# COMMIT (config.sql.defer), and the event's id and seq come back with them.
+# A plain statement, no ORM compile (config/sql.py): every change in Agora writes here, several
+# times per agent turn. On PostgreSQL it first allocates the next seq: it inserts the saga's head row
+# or bumps it, with the event's time, never earlier than the previous event's. The row lock that
+# takes is held until commit, so a saga's writers run one after another: seqs are gap-free and
+# appear in commit order, and seq order is time order. Then it inserts the event with the head's
+# seq and time. Nobody waits for it: it goes with the transaction's next statement or its COMMIT
+# (config.sql.defer), and the event's id and seq come back with them.
 _HEAD = JournalHead._meta.db_table
-_NEXT_SEQ_SQL = (
-    f"INSERT INTO {_HEAD} (saga_id, last_seq, last_at) VALUES (%s, 1, %s) ON CONFLICT (saga_id) DO UPDATE "
-    f"SET last_seq = {_HEAD}.last_seq + 1, "
-    f"last_at = CASE WHEN {_HEAD}.last_at > EXCLUDED.last_at THEN {_HEAD}.last_at ELSE EXCLUDED.last_at END"
-)
-_INSERT_EVENT_SQL = prepared(
+_APPEND_SQL = prepared(
+    f"WITH head AS (INSERT INTO {_HEAD} (saga_id, last_seq, last_at) VALUES (%s, 1, %s) ON CONFLICT (saga_id) "
+    f"DO UPDATE SET last_seq = {_HEAD}.last_seq + 1, "
+    f"last_at = CASE WHEN {_HEAD}.last_at > EXCLUDED.last_at THEN {_HEAD}.last_at ELSE EXCLUDED.last_at END "
+    "RETURNING saga_id, last_seq, last_at) "
     f"INSERT INTO {JournalEvent._meta.db_table} (saga_id, seq, type, actor, run_id, data, created_at) "
-    f"SELECT saga_id, last_seq, %s, %s, %s, %s, last_at FROM {_HEAD} WHERE saga_id = %s RETURNING id, seq, created_at"
+    "SELECT saga_id, last_seq, %s, %s, %s, %s, last_at FROM head RETURNING id, seq, created_at"
 )
 
 # On SQLite, which lets in one writer at a time (every transaction begins IMMEDIATE, config/sqlite/),
@@ -63,7 +62,7 @@ def record(
 ) -> JournalEvent:
     """Append one event to a saga's journal, in the caller's transaction; it is published after commit.
 
-    Nothing waits for its statements: on PostgreSQL they go with the transaction's next
+    Nothing waits for its statement: on PostgreSQL it goes with the transaction's next
     statement or its COMMIT, and the event's `pk`, `seq` and `created_at` are set when they come
     back (at once on SQLite; when record() is a transaction of its own, before it returns)."""
     saga = db_value(JournalEvent, "saga", saga_id)
@@ -77,8 +76,7 @@ def record(
     if connection.vendor == "sqlite":
         defer(_APPEND_SQLITE_SQL, [saga, type, actor, run_id, data_value, now, now, saga], then=stored)
     else:
-        defer(_NEXT_SEQ_SQL, [saga, now])
-        defer(_INSERT_EVENT_SQL, [type, actor, run_id, data_value, saga], then=stored)
+        defer(_APPEND_SQL, [saga, now, type, actor, run_id, data_value], then=stored)
     event._state.adding, event._state.db = False, connection.alias
 
     def committed() -> None:
