@@ -179,3 +179,19 @@ def defer(sql: str, params: Sequence[Any], then: Callable[[list[tuple[Any, ...]]
         cursor.execute(sql, params)
         if then is not None:
             then(cursor.fetchall())
+
+
+def rows_later(sql: str, params: Sequence[Any]) -> Callable[[], list[tuple[Any, ...]]]:
+    """defer() a statement whose rows are read later, by calling what this returns: they come
+    back with the transaction's next statement or its COMMIT, and a call before then (an
+    after-commit hook run inside the transaction, as a test's captureOnCommitCallbacks does)
+    sends what waits first. No rows when the statement was rolled back unsent with a savepoint."""
+    answer: list[list[tuple[Any, ...]]] = []
+    defer(sql, params, then=answer.append)
+
+    def rows() -> list[tuple[Any, ...]]:
+        if not answer:
+            flush()
+        return answer[0] if answer else []
+
+    return rows

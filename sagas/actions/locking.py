@@ -27,9 +27,8 @@ _held_lock: ContextVar[HeldLock | None] = ContextVar("held_saga_lock", default=N
 
 
 def lock_saga(saga_id: Any) -> Saga:
-    held = _held_lock.get()
-    if held is not None and str(held.saga.pk) == str(saga_id):
-        return held.saga
+    if (held := held_saga(saga_id)) is not None:
+        return held
     # NO KEY UPDATE: writers of one saga queue here, but inserts that merely reference the saga
     # (journal events, requests) take KEY SHARE on it and must not wait behind us, or a writer
     # holding a journal head while inserting its event deadlocks with us.
@@ -39,11 +38,11 @@ def lock_saga(saga_id: Any) -> Saga:
     return saga
 
 
-def holds_lock(saga_id: Any) -> bool:
-    """Whether this transaction already holds the saga's lock (saga_transaction): what it reads of
-    the saga's state now stays as read until it commits."""
+def held_saga(saga_id: Any) -> Saga | None:
+    """The saga's copy, if this transaction already holds its lock (saga_transaction): what it
+    reads of the saga's state now stays as read until it commits."""
     held = _held_lock.get()
-    return held is not None and str(held.saga.pk) == str(saga_id)
+    return held.saga if held is not None and str(held.saga.pk) == str(saga_id) else None
 
 
 def lock_open_saga(saga_id: Any) -> Saga:

@@ -18,7 +18,7 @@ from config.sql import columns, db_value, fetch_one, insert, update
 from journal.actions import record
 from sagas import errors
 from sagas.access import ADDRESS_PERM, SagaTree, address_grant_sql, may_address, may_manage
-from sagas.actions.locking import check_open, holds_lock, lock_saga
+from sagas.actions.locking import check_open, held_saga, lock_saga
 from sagas.actions.payloads import check_payload
 from sagas.actions.steering import push_steering, resume_waiter, waits_over_http
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
@@ -271,7 +271,7 @@ def closed_error(request: AgentRequest) -> errors.KernelError:
 def reply_to_request(*, request_id: str, by: User, payload: Any = None, error: Any = None) -> AgentRequest:
     """The recipient's one reply (a payload, or an error that fails the request)."""
     request = get_request_for(by, request_id)
-    read_under_lock = holds_lock(request.saga_id)  # a turn's: its status stays as read
+    read_under_lock = held_saga(request.saga_id) is not None  # a turn's: its status stays as read
     lock_saga(request.saga_id)
     if request.recipient.user_id != by.pk:
         raise errors.Forbidden("Only the recipient replies to a request.")

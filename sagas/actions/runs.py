@@ -10,7 +10,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db, db_value, defer, fetch, fetch_one, flush, prepared, update
+from config.sql import columns, db, db_value, defer, fetch, fetch_one, prepared, rows_later, update
 from journal.actions import record
 from sagas import errors
 from sagas.actions.locking import lock_open_saga, lock_saga, saga_transaction
@@ -207,19 +207,12 @@ def prove_lease(*, run_id: str, turn: int, next_turn: bool = False) -> Callable[
     transaction commits, says whether the turn was this worker's; on False the caller rolls back
     everything the transaction did since (the renewal takes the run's row lock first, so a True
     holds to the commit). Every transaction of a turn starts with it."""
-    answer: list[list[tuple[Any, ...]]] = []
     params = [
         turn + next_turn, db_value(Run, "lease_until", lease_deadline()), db_value(Run, "updated_at", timezone.now()),
         run_id, Run.Status.RUNNING.value, turn,
     ]  # fmt: skip
-    defer(_RENEW_SQL, params, then=answer.append)
-
-    def held() -> bool:
-        if not answer:  # nothing went to the database since
-            flush()
-        return bool(answer and answer[0])
-
-    return held
+    renewed = rows_later(_RENEW_SQL, params)
+    return lambda: bool(renewed())
 
 
 _RENEW_SQL = prepared(

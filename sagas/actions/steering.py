@@ -7,7 +7,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db, defer, fetch, flush, prepared, update
+from config.sql import columns, db, defer, fetch, flush, prepared, rows_later, update
 from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
@@ -83,9 +83,13 @@ def wake(collaborator: Collaborator) -> None:
     if waits_over_http(collaborator):
         publish_after_commit(steering_channel(collaborator.pk))
         return
-    woken: list[tuple[Any, ...]] = []
-    defer(_WAKE_SQL, [Run.Status.QUEUED.value, collaborator.pk, Run.Status.IDLE.value], then=woken.extend)
-    transaction.on_commit(lambda: ring_run(woken[0][0]) if woken else None)
+    woken = rows_later(_WAKE_SQL, [Run.Status.QUEUED.value, collaborator.pk, Run.Status.IDLE.value])
+
+    def ring() -> None:
+        for (run_id,) in woken():
+            ring_run(run_id)
+
+    transaction.on_commit(ring)
 
 
 def resume_waiter(request: AgentRequest) -> None:
