@@ -189,6 +189,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
         conn.agora_begin, conn.agora_pending = "", []
         conn.agora_prepared = {} if prepare else None  # by query, the name of its prepared statement
         conn.agora_preparing = {}  # the same, for those whose PREPARE waits in `pending`
+        # Binds deferred statements' parameters and never runs one: one per connection keeps its
+        # adapters between statements, where a cursor for each would look them up again.
+        conn.agora_binder = base.Cursor(conn)
         return conn
 
     @property
@@ -275,8 +278,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             conn = self.connection
             if isinstance(sql, Statement) and isinstance(params, list | tuple):
                 sql = as_prepared(conn, sql, params)
-            with conn.cursor() as cursor:
-                text = base.Cursor.mogrify(cursor, sql, params)
+            text = base.Cursor.mogrify(conn.agora_binder, sql, params)
             if then is not None:
                 text = Read(text)
                 text.then = then
