@@ -315,7 +315,7 @@ class Results:
         self.overheads: dict[str, list[float]] = {
             "routing": [], "support": [], "dispatch": [], "collect": [], "primary": [], "worker": []
         }  # fmt: skip
-        self.support_per_worker: list[float] = []
+        self.support_per_worker: dict[int, list[float]] = {}  # by N
         self.counts: dict[int, list[dict[str, Any]]] = {}
 
     def add(self, n: int, concurrency: int, t: dict[str, Any], counts: dict[str, Any]) -> None:
@@ -327,7 +327,7 @@ class Results:
             for step in ("dispatch", "collect"):
                 self.overheads[step].append(t[step])
             self.overheads["worker"] += t["per_worker"]
-            self.support_per_worker.append(t["support_overhead"] / n)
+            self.support_per_worker.setdefault(n, []).append(t["support_overhead"] / n)
 
     def report(self, sizes: list[int]) -> None:
         print("support phase, median over rounds (N workers, each one model call of the latency above):")
@@ -340,7 +340,8 @@ class Results:
             label = LABELS.get(step, f"{step} step")
             spread = f"range {min(values):.1f} to {max(values):.1f}, {len(values)} runs"
             print(f"  {label:<42} {med(values):7.1f} ms  ({spread})")
-        print(f"  support step / N{'':<25} {med(self.support_per_worker):7.1f} ms")
+        for n, values in sorted(self.support_per_worker.items()):
+            print(f"  support step / N, at N = {n}{'':<17} {med(values):7.1f} ms")
         print("counts per orchestration (median over its runs; they do not depend on the load):")
         keys = sorted({k for runs in self.counts.values() for c in runs for k in c}, key=count_order)
         print(f"  {'':<38}" + "".join(f"{'N=' + str(n):>8}" for n in sizes) + f"{'/ worker':>10}")
