@@ -189,16 +189,18 @@ class Turns:
         """One of the turns' transactions: under the saga's lock (taken first, as by every kernel
         write: one lock order, no deadlocks), first the claim or a renewal of the lease, which
         proves this task holds the turn, and last the new transcript entries. That proof is also
-        what makes the saga's copy `current` (saga_transaction): its status is not read again. A
-        renewal's answer is read last, before the commit: nothing waits for it in between, and a
-        turn that was taken over rolls back whole."""
+        what makes the saga's copy `current` (saga_transaction): its status is not read again. The
+        claim's or the renewal's answer is read last, before the commit: nothing waits for it in
+        between, and a turn that another worker claimed or took over rolls back whole."""
         with actions.saga_transaction(self.collaborator.saga, current=True):
-            if claim and not actions.take_turn(self.run, worker=self.worker):
-                raise LostTurn  # a claim that fails never held the turn
-            held = None if claim else actions.prove_lease(run_id=self.run.pk, turn=self.turn)
+            if claim:
+                held = actions.take_turn_later(self.run, worker=self.worker)
+            else:
+                held = actions.prove_lease(run_id=self.run.pk, turn=self.turn)
             yield
-            if held is not None and not held():
-                metrics.turn_ended("lost")
+            if not held():
+                if not claim:  # a claim that fails never held the turn
+                    metrics.turn_ended("lost")
                 raise LostTurn
             self.transcript.save()
 

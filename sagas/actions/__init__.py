@@ -46,6 +46,7 @@ from sagas.actions.runs import (
     renew_lease,
     set_external_status,
     take_turn,
+    take_turn_later,
 )
 from sagas.actions.steering import consume_steering, steer
 from sagas.actions.teams import (
@@ -126,6 +127,7 @@ __all__ = [
     "steer",
     "stop_over_budget",
     "take_turn",
+    "take_turn_later",
     "team_of",
     "time_out_remote_call",
     "visible_human_request",

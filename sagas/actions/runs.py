@@ -144,16 +144,30 @@ def take_turn(run: Run, *, worker: str = "") -> bool:
     the next turn number and a fresh lease, held by `worker` (a Celery node name); the object
     follows. False: a redelivered doorbell, or another worker got it (which rang its own doorbell
     for anything after)."""
+    return take_turn_later(run, worker=worker)()
+
+
+def take_turn_later(run: Run, *, worker: str = "") -> Callable[[], bool]:
+    """take_turn() for a transaction that goes on without waiting for its answer, as prove_lease()
+    does: the claim goes with the transaction's next statement, the object follows at once, and the
+    answer, called before the commit, says whether this task got the turn; on False the caller
+    rolls back everything the transaction did since (the claim takes the run's row lock first, so
+    a True holds to the commit)."""
     lease_until, now = lease_deadline(), timezone.now()
-    queued = {"id": run.pk, "status": Run.Status.QUEUED, "turn": run.turn}
-    changes = {"status": Run.Status.RUNNING, "turn": run.turn + 1, "lease_until": lease_until, "updated_at": now}
-    if worker != run.worker:  # the same worker's next turn writes one column less
-        changes["worker"] = worker
-    if not update(Run, queued, **changes):
-        return False
+    params = [
+        Run.Status.RUNNING.value, run.turn + 1, db_value(Run, "lease_until", lease_until),
+        db_value(Run, "updated_at", now), worker, run.pk, Run.Status.QUEUED.value, run.turn,
+    ]  # fmt: skip
+    claimed = rows_later(_CLAIM_SQL, params)
     run.status, run.turn, run.lease_until, run.updated_at = Run.Status.RUNNING, run.turn + 1, lease_until, now
     run.worker = worker
-    return True
+    return lambda: bool(claimed())
+
+
+_CLAIM_SQL = prepared(
+    f"UPDATE {Run._meta.db_table} SET status = %s, turn = %s, lease_until = %s, updated_at = %s, worker = %s "
+    "WHERE id = %s AND status = %s AND turn = %s RETURNING id"
+)
 
 
 def claim_turn(*, run_id: str, worker: str = "") -> Run | None:

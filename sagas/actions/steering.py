@@ -3,7 +3,7 @@
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import User
@@ -129,19 +129,18 @@ def consume_steering(
     for item in consumed:
         item.consumed_at, item.consumed_turn = now, turn
     count_round_trips(consumed, at=now)
-    requests = [i.request_id for i in consumed if i.kind == SteeringItem.Kind.REQUEST and i.request_id]
-    if requests:
-        # The compare-and-set alone decides which of them this delivers.
-        with connection.cursor() as cursor:
-            ids = ", ".join(["%s"] * len(requests))
-            cursor.execute(
-                prepared(_DELIVER_SQL.format(ids=ids)),
-                [AgentRequest.Status.DELIVERED.value, AgentRequest.Status.PENDING.value, *requests],
-            )
-            delivered = {row[0] for row in cursor.fetchall()}
-        for request_id in (r for r in requests if r in delivered):  # in steering order
-            record(saga_id=recipient.saga_id, type="request.delivered", actor=recipient.handle,
-                   data={"request_id": request_id})  # fmt: skip
+    # Read under the saga's lock, which every writer of requests takes: their status as read decides
+    # which of them this delivers, and nothing waits for the compare-and-set.
+    pending = AgentRequest.Status.PENDING
+    requests = [i.request for i in consumed if i.kind == SteeringItem.Kind.REQUEST]
+    delivered = [r for r in requests if r is not None and r.status == pending]  # in steering order
+    if delivered:
+        update(AgentRequest, {"id": [r.pk for r in delivered], "status": pending}, later=True,
+               status=AgentRequest.Status.DELIVERED)  # fmt: skip
+    for request in delivered:
+        request.status = AgentRequest.Status.DELIVERED
+        record(saga_id=recipient.saga_id, type="request.delivered", actor=recipient.handle,
+               data={"request_id": request.pk})  # fmt: skip
     return consumed
 
 
@@ -149,9 +148,6 @@ _UNREAD_SQL = (
     f"SELECT {columns(SteeringItem, 'i')}, {columns(AgentRequest, 'q')} FROM {SteeringItem._meta.db_table} i "
     f"LEFT JOIN {AgentRequest._meta.db_table} q ON q.id = i.request_id "
     "WHERE i.recipient_id = %s AND i.consumed_at IS NULL{upto} ORDER BY i.seq"
-)
-_DELIVER_SQL = (
-    f"UPDATE {AgentRequest._meta.db_table} SET status = %s WHERE status = %s AND id IN ({{ids}}) RETURNING id"
 )
 
 
