@@ -173,7 +173,9 @@ def test_a_claim_another_worker_won_meanwhile_writes_nothing(saga: Saga, alice: 
     run_turn(echo.run.pk)
     request, _ = actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 1})
     # This task read the run while it was queued; another worker claimed it before this task's claim.
-    run, profile = actions.fetch_queued_run(executor._QUEUED_RUN_SQL, echo.run.pk, AgentProfile)
+    row = actions.fetch_queued_run(executor._QUEUED_RUN_SQL, echo.run.pk, AgentProfile)
+    assert row is not None
+    run, profile = row
     assert actions.claim_turn(run_id=echo.run.pk, worker="other@host") is not None
     events = JournalEvent.objects.filter(saga=saga).count()
 
@@ -182,9 +184,8 @@ def test_a_claim_another_worker_won_meanwhile_writes_nothing(saga: Saga, alice: 
 
     # Its claim went unanswered until the end of its transaction, which rolled back whole: the
     # request it would have taken in is still the other worker's to take.
-    assert Run.objects.filter(pk=echo.run.pk).values_list("status", "turn", "worker").get() == (
-        Run.Status.RUNNING, 2, "other@host"
-    )
+    claimed = Run.objects.filter(pk=echo.run.pk).values_list("status", "turn", "worker").get()
+    assert claimed == (Run.Status.RUNNING, 2, "other@host")
     assert AgentRequest.objects.get(pk=request.pk).status == AgentRequest.Status.PENDING
     assert SteeringItem.objects.get(recipient=echo, request=request).consumed_at is None
     assert JournalEvent.objects.filter(saga=saga).count() == events
