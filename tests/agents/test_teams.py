@@ -97,7 +97,9 @@ def test_shutdown_fails_what_was_asked_of_the_teammate_and_cancels_what_it_asked
 ) -> None:
     load_profiles(entries=[{"name": "mate", "role": "Mate", "model": "mate", "tools": ["ask_agent", "finish"]}])
     lead, _ = actions.add_agent(saga=saga, name="lead", role="Lead", task="lead", runtime="external", by=alice)
-    fake_llm.script("mate", say("", tool_call("ask_agent", {"to": "agent:lead", "type": "need.data", "payload": {}})))
+    ask = tool_call("ask_agent", {"to": "agent:lead", "type": "need.data", "payload": {}})
+    # Its turn on the lead's request holds in its model call until the roster has been read.
+    fake_llm.script("mate", say("", ask), say("Waiting for more."), GATE)
     fake_llm.rule("mate", lambda body: say("Waiting for more."))
     mate, created = actions.spawn_teammate(
         lead=lead, name="mate", role="Mate", prompt="Work.", profile="mate", by=lead.user, idempotency_key="k1"
@@ -111,6 +113,9 @@ def test_shutdown_fails_what_was_asked_of_the_teammate_and_cancels_what_it_asked
     team = actions.team_of(saga, "agent:lead")
     (card,) = actions.roster(team)
     assert card.tokens >= 18 and card.status == "working"
+    fake_llm.gate.set()
+    wait_until(lambda: run_of(mate).status == Run.Status.IDLE and len(fake_llm.calls_for("mate")) == 3,
+               what="the teammate's turn on the request")  # fmt: skip
     spawn_more: dict[str, Any] = {
         "lead": lead,
         "name": "more",
