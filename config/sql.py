@@ -195,3 +195,10 @@ def rows_later(sql: str, params: Sequence[Any]) -> Callable[[], list[tuple[Any, 
         return answer[0] if answer else []
 
     return rows
+
+
+def found_later(sql: str, params: Sequence[Any]) -> Callable[[], bool]:
+    """rows_later() for a compare-and-set (`UPDATE ... RETURNING`) whose one question is whether it
+    found its row: a claim or a lease renewal, answered before the commit."""
+    rows = rows_later(sql, params)
+    return lambda: bool(rows())

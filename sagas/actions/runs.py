@@ -10,7 +10,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db, db_value, defer, fetch, fetch_one, prepared, rows_later, update
+from config.sql import columns, db, db_value, defer, fetch, fetch_one, found_later, prepared, update
 from journal.actions import record
 from sagas import errors
 from sagas.actions.locking import lock_open_saga, lock_saga, saga_transaction
@@ -158,10 +158,10 @@ def take_turn_later(run: Run, *, worker: str = "") -> Callable[[], bool]:
         Run.Status.RUNNING.value, run.turn + 1, db_value(Run, "lease_until", lease_until),
         db_value(Run, "updated_at", now), worker, run.pk, Run.Status.QUEUED.value, run.turn,
     ]  # fmt: skip
-    claimed = rows_later(_CLAIM_SQL, params)
+    claimed = found_later(_CLAIM_SQL, params)
     run.status, run.turn, run.lease_until, run.updated_at = Run.Status.RUNNING, run.turn + 1, lease_until, now
     run.worker = worker
-    return lambda: bool(claimed())
+    return claimed
 
 
 _CLAIM_SQL = prepared(
@@ -225,8 +225,7 @@ def prove_lease(*, run_id: str, turn: int, next_turn: bool = False) -> Callable[
         turn + next_turn, db_value(Run, "lease_until", lease_deadline()), db_value(Run, "updated_at", timezone.now()),
         run_id, Run.Status.RUNNING.value, turn,
     ]  # fmt: skip
-    renewed = rows_later(_RENEW_SQL, params)
-    return lambda: bool(renewed())
+    return found_later(_RENEW_SQL, params)
 
 
 _RENEW_SQL = prepared(
