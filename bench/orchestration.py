@@ -163,7 +163,9 @@ def orchestrate(owner: Any, n: int, probe: Path) -> tuple[Any, dict[str, Any]]:
 def task_lines(probe: Path, offset: int) -> list[dict[str, Any]]:
     with probe.open("rb") as f:
         f.seek(offset)
-        return [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+        # A line being written as we read has no newline yet: it is read next time.
+        complete = f.read().decode().rpartition("\n")[0]
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def tally(submitted: dict[str, Any], lines: list[dict[str, Any]]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from config.celery import app
 __all__ = ["app", "install", "snapshot"]
 
 _state: dict[str, Any] = {"statements": 0, "commits": 0, "published": Counter(), "steps": []}
-if os.environ.get("BENCH_PROBE_SQL"):  # each statement's first words too, for a closer look
+if os.environ.get("BENCH_PROBE_SQL"):  # each statement and commit too, when and how long: a timeline
     _state["sql"] = []
 
 
@@ -34,11 +34,17 @@ def _on_main_thread() -> bool:
 
 
 def count_statement(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
-    if _on_main_thread():
-        _state["statements"] += 1
-        if "sql" in _state:
-            _state["sql"].append(" ".join(sql.split())[:90])
-    return execute(sql, params, many, context)
+    if not _on_main_thread():
+        return execute(sql, params, many, context)
+    _state["statements"] += 1
+    if "sql" not in _state:
+        return execute(sql, params, many, context)
+    began = time.time()
+    try:
+        return execute(sql, params, many, context)
+    finally:  # when it began (epoch, ms), how long it took (ms), its first words
+        ended = time.time()
+        _state["sql"].append([round(began * 1000, 2), round((ended - began) * 1000, 3), " ".join(sql.split())[:90]])
 
 
 def install() -> None:
@@ -52,9 +58,13 @@ def install() -> None:
         commit = BaseDatabaseWrapper.commit
 
         def counted_commit(self: Any) -> None:
-            if _on_main_thread():
-                _state["commits"] += 1
+            if not _on_main_thread():
+                return commit(self)
+            _state["commits"] += 1
+            began = time.time()
             commit(self)
+            if "sql" in _state:
+                _state["sql"].append([round(began * 1000, 2), round((time.time() - began) * 1000, 3), "COMMIT"])
 
         counted_commit.counted = True  # type: ignore[attr-defined]
         BaseDatabaseWrapper.commit = counted_commit  # type: ignore[method-assign]
