@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from agents import references
@@ -45,13 +45,19 @@ SUPPORT_EXPECTED = "A WorkerResult JSON object: progress, summary, artifacts, ri
 REVIEW_EXPECTED = "A review JSON object: decision, confidence, findings, required_changes, blocking_issues."
 
 
-def advance(prompt_id: str) -> list[str]:
-    """Move the prompt through every step that is ready now. Returns the runs a step created for
-    the caller to run at once, in this task, rather than through one more Celery hand-off (one per
-    step: the first support worker, the primary, the reviewer; see `start`)."""
+def prompts() -> QuerySet[Prompt]:
+    """Prompts as a step reads them: with the brain, the saga and the lead's user."""
+    return Prompt.objects.select_related("brain", "saga", "lead__user")
+
+
+def advance(prompt_id: str, read: Prompt | None = None) -> list[str]:
+    """Move the prompt through every step that is ready now (`read`: the prompt, just read by the
+    caller, for the first step). Returns the runs a step created for the caller to run at once, in
+    this task, rather than through one more Celery hand-off (one per step: the first support
+    worker, the primary, the reviewer; see `start`)."""
     here: list[str] = []
     for _ in range(len(Step)):
-        prompt = Prompt.objects.select_related("brain", "saga", "lead__user").filter(pk=prompt_id).first()
+        prompt, read = read or prompts().filter(pk=prompt_id).first(), None
         if prompt is None or prompt.step == Step.DONE or prompt.lead is None:
             break
         if prompt.saga.is_finished:  # its workers were ended with the saga; no step may start more

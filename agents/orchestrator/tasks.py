@@ -30,10 +30,8 @@ def advance_after(saga_id: str, name: str) -> list[str]:
     the worker's last commit, and runs what it returns (see `steps.advance`)."""
     lead = name.split(".", 1)[0]
     here: list[str] = []
-    for prompt_id in Prompt.objects.filter(saga_id=saga_id, lead__name=lead, status=Prompt.Status.RUNNING).values_list(
-        "pk", flat=True
-    ):
-        here += steps.advance(str(prompt_id))
+    for prompt in steps.prompts().filter(saga_id=saga_id, lead__name=lead, status=Prompt.Status.RUNNING):
+        here += steps.advance(str(prompt.pk), prompt)
     return here
 
 
