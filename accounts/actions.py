@@ -7,6 +7,7 @@ from django.db import transaction
 from redis.exceptions import RedisError
 
 from accounts.models import ApiToken, User, hash_token
+from config.sql import insert_all
 
 logger = logging.getLogger(__name__)
 
@@ -65,4 +66,4 @@ def create_agent_users(*, usernames: list[str]) -> list[User]:
     users = [User(username=username, kind=User.Kind.AGENT) for username in usernames]
     for user in users:
         user.set_unusable_password()
-    return User.objects.bulk_create(users)
+    return insert_all(users)

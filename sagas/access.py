@@ -11,8 +11,9 @@ from django.db import connection
 from django.db.models import F, Model, QuerySet
 from guardian.models import UserObjectPermission
 
+from config.sql import db_value, prepared
 from journal.models import JournalEvent
-from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga
+from sagas.models import AgentRequest, Collaborator, Delegation, HumanRequest, Run, Saga
 
 ADDRESS_PERM = "address_collaborator"
 
@@ -52,6 +53,15 @@ class Member:
         return self.kind == Collaborator.Kind.AGENT
 
 
+# SagaTree.shape(): every collaborator as a Member, with its delegator; in the order they joined.
+_SHAPE_SQL = prepared(
+    f"SELECT c.id, c.kind, c.name, c.user_id, r.team_id, d.delegator_id FROM {Collaborator._meta.db_table} c "
+    f"LEFT JOIN {Run._meta.db_table} r ON r.collaborator_id = c.id "
+    f"LEFT JOIN {Delegation._meta.db_table} d ON d.delegate_id = c.id "
+    "WHERE c.saga_id = %s ORDER BY c.joined_at, c.id"
+)
+
+
 @dataclass(frozen=True)
 class SagaTree(Generic[N]):
     """A saga's collaborators and its delegation edges, loaded in one query: whole rows with their
@@ -71,9 +81,9 @@ class SagaTree(Generic[N]):
 
     @classmethod
     def shape(cls, saga: Saga) -> "SagaTree[Member]":
-        rows = Collaborator.objects.filter(saga=saga).values_list(
-            "id", "kind", "name", "user_id", "run__team_id", "delegation__delegator"
-        )
+        with connection.cursor() as cursor:
+            cursor.execute(_SHAPE_SQL, [db_value(Saga, "id", saga.pk)])
+            rows = cursor.fetchall()
         return SagaTree(
             saga=saga,
             members={row[0]: Member(*row[:5]) for row in rows},

@@ -13,6 +13,7 @@ from guardian.shortcuts import assign_perm
 
 from accounts.actions import create_agent_users, issue_token
 from accounts.models import User
+from config.sql import insert_all
 from journal.actions import record
 from sagas import errors
 from sagas.access import ADDRESS_PERM, Member, SagaTree, may_manage, permission_id
@@ -97,21 +98,21 @@ def add_agents(
         raise errors.NameTaken(f"agent:{again} is already in this saga.")
     check_delegate_caps(tree, delegator, adding=len(agents))
     users = create_agent_users(usernames=[f"agent.{saga.pk.hex[:12]}.{agent.name}" for agent in agents])
-    collaborators = Collaborator.objects.bulk_create(
+    collaborators = insert_all([
         Collaborator(saga=saga, kind=Collaborator.Kind.AGENT, name=agent.name, role=agent.role, task=agent.task,
                      user=user, runtime=agent.runtime, profile=agent.profile)
         for agent, user in zip(agents, users, strict=True)
-    )  # fmt: skip
-    Delegation.objects.bulk_create(
+    ])  # fmt: skip
+    insert_all([
         Delegation(saga=saga, delegator_id=delegator.pk, delegate=collaborator, task=collaborator.task)
         for collaborator in collaborators
-    )
+    ])  # fmt: skip
     internal = [agent.runtime == Collaborator.Runtime.INTERNAL for agent in agents]
-    runs = Run.objects.bulk_create(
+    runs = insert_all([
         Run(collaborator=collaborator, status=Run.Status.QUEUED if inside else Run.Status.IDLE,
             resumable=agent.resumable)
         for agent, collaborator, inside in zip(agents, collaborators, internal, strict=True)
-    )  # fmt: skip
+    ])  # fmt: skip
     views = [(user.pk, "view_saga", Saga, saga.pk) for user in users]
     newcomers = [Member(c.pk, c.kind, c.name, c.user_id, None) for c in collaborators]
     grant_permissions(views + address_grants(tree.with_delegates(delegator, newcomers), newcomers))
@@ -151,7 +152,7 @@ def grant_permissions(grants: list[Grant]) -> None:
         ctype_id, perm_id = permission_id(model, codename)
         rows.append(UserObjectPermission(user_id=user_id, permission_id=perm_id, content_type_id=ctype_id,
                                          object_pk=str(pk)))  # fmt: skip
-    UserObjectPermission.objects.bulk_create(rows, ignore_conflicts=True)
+    insert_all(rows, ignore_conflicts=True)
 
 
 def check_new_agents(agents: list[NewAgent]) -> None:

@@ -3,11 +3,11 @@
 from typing import Any
 
 import pytest
-from django.db import connection, models
+from django.db import IntegrityError, connection, models, transaction
 
 from accounts.models import User
 from agents.models import TranscriptEntry
-from config.sql import columns, fetch, insert, py_value, update
+from config.sql import columns, fetch, insert, insert_all, py_value, update
 from sagas.actions import add_agent, ask_agent, create_saga
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
 
@@ -96,3 +96,32 @@ def test_update_changes_the_rows_the_orm_filter_finds(alice: User) -> None:
     assert [(runs[i].status, runs[i].lease_until) for i in ids] == [
         (Run.Status.RUNNING, later), (Run.Status.RUNNING, later), (Run.Status.IDLE, None)
     ]  # fmt: skip
+
+
+def test_insert_all_saves_what_bulk_create_saves_and_reads_the_keys_back() -> None:
+    mine = [User(username=n, kind=User.Kind.AGENT, email=f"{n}@example.org") for n in ("a1", "a2")]
+    theirs = [User(username=n, kind=User.Kind.AGENT, email=f"{n}@example.org") for n in ("b1", "b2")]
+
+    saved = insert_all(mine)
+    User.objects.bulk_create(theirs)
+
+    assert saved == mine and all(u.pk is not None and not u._state.adding for u in mine)
+    assert [User.objects.get(pk=u.pk).username for u in mine] == ["a1", "a2"]
+    differ = {"id", "username", "email", "date_joined"}
+    for a, b in zip(mine, theirs, strict=True):
+        read = field_values(User.objects.get(pk=a.pk))
+        assert read == field_values(a)
+        assert {k: v for k, v in read.items() if k not in differ} == {
+            k: v for k, v in field_values(User.objects.get(pk=b.pk)).items() if k not in differ
+        }
+
+
+def test_insert_all_skips_the_rows_in_conflict_when_told() -> None:
+    (first,) = insert_all([User(username="a", kind=User.Kind.AGENT, first_name="first")])
+
+    insert_all([User(username=n, kind=User.Kind.AGENT, first_name="again") for n in "ab"], ignore_conflicts=True)
+
+    assert sorted(User.objects.values_list("username", "first_name")) == [("a", "first"), ("b", "again")]
+    assert User.objects.get(username="a").pk == first.pk
+    with pytest.raises(IntegrityError), transaction.atomic():
+        insert_all([User(username="b", kind=User.Kind.AGENT)])
