@@ -23,9 +23,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Q
 from django.utils import timezone
 
+from accounts.models import User
 from agents import references
 from agents.hooks import Event, PreparedPrompt, hook_key, prepare_prompt, run_hooks
 from agents.hooks.lifecycle import FEEDBACK_HEADING
@@ -33,10 +34,11 @@ from agents.hooks.models import HookHandler
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator import handoffs, plans, router
-from agents.orchestrator.models import Prompt
+from agents.orchestrator.models import Brain, Prompt
+from config.sql import columns, db_value, fetch
 from journal.actions import record
 from sagas import actions, errors
-from sagas.models import Collaborator, Run
+from sagas.models import Collaborator, Run, Saga
 
 logger = logging.getLogger(__name__)
 Step = Prompt.Step
@@ -45,9 +47,34 @@ SUPPORT_EXPECTED = "A WorkerResult JSON object: progress, summary, artifacts, ri
 REVIEW_EXPECTED = "A review JSON object: decision, confidence, findings, required_changes, blocking_issues."
 
 
-def prompts() -> QuerySet[Prompt]:
-    """Prompts as a step reads them: with the brain, the saga and the lead's user."""
-    return Prompt.objects.select_related("brain", "saga", "lead__user")
+_PROMPTS_SQL = (
+    f"SELECT {columns(Prompt, 'p')}, {columns(Brain, 'b')}, {columns(Saga, 's')}, {columns(Collaborator, 'l')}, "
+    f"{columns(User, 'u')} FROM {Prompt._meta.db_table} p JOIN {Brain._meta.db_table} b ON b.id = p.brain_id "
+    f"JOIN {Saga._meta.db_table} s ON s.id = p.saga_id LEFT JOIN {Collaborator._meta.db_table} l ON l.id = p.lead_id "
+    f"LEFT JOIN {User._meta.db_table} u ON u.id = l.user_id WHERE "
+)
+
+
+def read_prompts(where: str, params: list[Any]) -> list[Prompt]:
+    """Prompts as a step reads them, with the brain, the saga, the lead and its user: one
+    written-out SELECT (the ORM's select_related costs more to build than to run)."""
+    found = []
+    for prompt, brain, saga, lead, user in fetch(_PROMPTS_SQL + where, params, Prompt, Brain, Saga, Collaborator, User):
+        prompt.brain, prompt.saga, prompt.lead = brain, saga, lead
+        if lead is not None:
+            lead.user = user
+        found.append(prompt)
+    return found
+
+
+def read_prompt(prompt_id: str) -> Prompt | None:
+    return next(iter(read_prompts("p.id = %s", [db_value(Prompt, "id", prompt_id)])), None)
+
+
+def running_prompts(saga_id: str, lead: str) -> list[Prompt]:
+    """The running prompts of the lead named `lead` in this saga."""
+    where = "p.saga_id = %s AND l.name = %s AND p.status = %s"
+    return read_prompts(where, [db_value(Saga, "id", saga_id), lead, Prompt.Status.RUNNING])
 
 
 def advance(prompt_id: str, read: Prompt | None = None) -> list[str]:
@@ -57,7 +84,7 @@ def advance(prompt_id: str, read: Prompt | None = None) -> list[str]:
     worker, the primary, the reviewer; see `start`)."""
     here: list[str] = []
     for _ in range(len(Step)):
-        prompt, read = read or prompts().filter(pk=prompt_id).first(), None
+        prompt, read = read or read_prompt(prompt_id), None
         if prompt is None or prompt.step == Step.DONE or prompt.lead is None:
             break
         if prompt.saga.is_finished:  # its workers were ended with the saga; no step may start more
@@ -222,8 +249,8 @@ def primary_mcp(prompt: Prompt) -> dict[str, dict[str, Any]]:
     connect to them through the executor (the check's connections are closed at once: those turns
     may run on another worker); a server that did not answer here is tried again by them."""
     role = (prompt.plan or {}).get("primary_role", "")
-    profile = AgentProfile.objects.filter(name=prompt.brain.roles.get(role, "")).first()
-    return mcp.check_servers(f"prompt-{prompt.pk}", list(profile.mcp_servers) if profile else [])
+    servers = AgentProfile.objects.filter(name=prompt.brain.roles.get(role, "")).values_list("mcp_servers", flat=True)
+    return mcp.check_servers(f"prompt-{prompt.pk}", list(servers.first() or []))
 
 
 def claim_routing(prompt: Prompt) -> bool:
@@ -320,10 +347,14 @@ def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
     output."""
     names = {prompt.worker_name(slot): slot for slot in slots}
     found: dict[str, Outcome] = {}
-    for run in Run.objects.filter(collaborator__saga=prompt.saga_id, collaborator__name__in=names).select_related(
-        "collaborator"
+    if not names:
+        return found
+    where = f"c.saga_id = %s AND c.name IN ({', '.join(['%s'] * len(names))})"
+    for run, collaborator in fetch(
+        _RUNS_SQL + where, [db_value(Saga, "id", prompt.saga_id), *names], Run, Collaborator
     ):
-        slot = names[run.collaborator.name]
+        run.collaborator = collaborator
+        slot = names[collaborator.name]
         if run.status == Run.Status.COMPLETED:
             found[slot] = Outcome(run, output=run.result)
         elif run.status in Run.FINISHED:
@@ -331,6 +362,12 @@ def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
         elif run.status == Run.Status.IDLE:
             found[slot] = Outcome(run, output=last_text(run))
     return found
+
+
+_RUNS_SQL = (
+    f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')} FROM {Run._meta.db_table} r "
+    f"JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id WHERE "
+)
 
 
 def last_text(run: Run) -> str:

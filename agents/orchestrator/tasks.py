@@ -30,7 +30,7 @@ def advance_after(saga_id: str, name: str) -> list[str]:
     the worker's last commit, and runs what it returns (see `steps.advance`)."""
     lead = name.split(".", 1)[0]
     here: list[str] = []
-    for prompt in steps.prompts().filter(saga_id=saga_id, lead__name=lead, status=Prompt.Status.RUNNING):
+    for prompt in steps.running_prompts(saga_id, lead):
         here += steps.advance(str(prompt.pk), prompt)
     return here
 
