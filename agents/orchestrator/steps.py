@@ -47,19 +47,21 @@ SUPPORT_EXPECTED = "A WorkerResult JSON object: progress, summary, artifacts, ri
 REVIEW_EXPECTED = "A review JSON object: decision, confidence, findings, required_changes, blocking_issues."
 
 
-_PROMPTS_SQL = (
+# Prompts as a step reads them, with the brain, the saga, the lead and its user: written out (the
+# ORM's select_related costs more to build than to run).
+_PROMPTS = (
     f"SELECT {columns(Prompt, 'p')}, {columns(Brain, 'b')}, {columns(Saga, 's')}, {columns(Collaborator, 'l')}, "
     f"{columns(User, 'u')} FROM {Prompt._meta.db_table} p JOIN {Brain._meta.db_table} b ON b.id = p.brain_id "
     f"JOIN {Saga._meta.db_table} s ON s.id = p.saga_id LEFT JOIN {Collaborator._meta.db_table} l ON l.id = p.lead_id "
-    f"LEFT JOIN {User._meta.db_table} u ON u.id = l.user_id WHERE "
+    f"LEFT JOIN {User._meta.db_table} u ON u.id = l.user_id "
 )
+_PROMPT_SQL = _PROMPTS + "WHERE p.id = %s"
+_RUNNING_PROMPTS_SQL = _PROMPTS + "WHERE p.saga_id = %s AND l.name = %s AND p.status = %s"
 
 
-def read_prompts(where: str, params: list[Any]) -> list[Prompt]:
-    """Prompts as a step reads them, with the brain, the saga, the lead and its user: one
-    written-out SELECT (the ORM's select_related costs more to build than to run)."""
+def read_prompts(sql: str, params: list[Any]) -> list[Prompt]:
     found = []
-    for prompt, brain, saga, lead, user in fetch(_PROMPTS_SQL + where, params, Prompt, Brain, Saga, Collaborator, User):
+    for prompt, brain, saga, lead, user in fetch(sql, params, Prompt, Brain, Saga, Collaborator, User):
         prompt.brain, prompt.saga, prompt.lead = brain, saga, lead
         if lead is not None:
             lead.user = user
@@ -68,13 +70,12 @@ def read_prompts(where: str, params: list[Any]) -> list[Prompt]:
 
 
 def read_prompt(prompt_id: str) -> Prompt | None:
-    return next(iter(read_prompts("p.id = %s", [db_value(Prompt, "id", prompt_id)])), None)
+    return next(iter(read_prompts(_PROMPT_SQL, [db_value(Prompt, "id", prompt_id)])), None)
 
 
 def running_prompts(saga_id: str, lead: str) -> list[Prompt]:
     """The running prompts of the lead named `lead` in this saga."""
-    where = "p.saga_id = %s AND l.name = %s AND p.status = %s"
-    return read_prompts(where, [db_value(Saga, "id", saga_id), lead, Prompt.Status.RUNNING])
+    return read_prompts(_RUNNING_PROMPTS_SQL, [db_value(Saga, "id", saga_id), lead, Prompt.Status.RUNNING])
 
 
 def advance(prompt_id: str, read: Prompt | None = None) -> list[str]:
@@ -349,10 +350,8 @@ def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
     found: dict[str, Outcome] = {}
     if not names:
         return found
-    where = f"c.saga_id = %s AND c.name IN ({', '.join(['%s'] * len(names))})"
-    for run, collaborator in fetch(
-        _RUNS_SQL + where, [db_value(Saga, "id", prompt.saga_id), *names], Run, Collaborator
-    ):
+    sql = _RUNS_SQL.format(ids=", ".join(["%s"] * len(names)))
+    for run, collaborator in fetch(sql, [db_value(Saga, "id", prompt.saga_id), *names], Run, Collaborator):
         run.collaborator = collaborator
         slot = names[collaborator.name]
         if run.status == Run.Status.COMPLETED:
@@ -366,7 +365,8 @@ def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
 
 _RUNS_SQL = (
     f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')} FROM {Run._meta.db_table} r "
-    f"JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id WHERE "
+    f"JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id "
+    "WHERE c.saga_id = %s AND c.name IN ({ids})"
 )
 
 

@@ -84,7 +84,8 @@ def add_agents(
 ) -> list[tuple[Collaborator, str | None]]:
     """Add agents under one parent, all or none, as `add_agent` adds one: with one lock, one check
     of each cap for all of them, and one write of each kind (users, collaborators, delegations,
-    runs, permissions), so that a Brain's support workers cost one step, not one per worker.
+    runs, permissions), so that a Brain's support workers cost one step, not one per worker; the
+    writes whose keys nothing here reads go with the next statement (config.sql.defer).
     Returns each collaborator, in order, with its token (external agents only)."""
     saga = lock_open_saga(saga.pk)
     check_new_agents(agents)
@@ -112,7 +113,7 @@ def add_agents(
         Run(collaborator=collaborator, status=Run.Status.QUEUED if inside else Run.Status.IDLE,
             resumable=agent.resumable)
         for agent, collaborator, inside in zip(agents, collaborators, internal, strict=True)
-    ])  # fmt: skip
+    ], later=True)  # fmt: skip
     views = [(user.pk, "view_saga", Saga, saga.pk) for user in users]
     newcomers = [Member(c.pk, c.kind, c.name, c.user_id, None) for c in collaborators]
     grant_permissions(views + address_grants(tree.with_delegates(delegator, newcomers), newcomers))
@@ -146,13 +147,14 @@ def address_grants(tree: SagaTree[Member], newcomers: list[Member]) -> list[Gran
 
 def grant_permissions(grants: list[Grant]) -> None:
     """guardian's object permissions `(user id, codename, model, object id)`, written in one
-    statement with no lookup of the permissions (guardian's `assign_perm` reads each one first)."""
+    deferred statement with no lookup of the permissions (guardian's `assign_perm` reads each one
+    first)."""
     rows = []
     for user_id, codename, model, pk in grants:
         ctype_id, perm_id = permission_id(model, codename)
         rows.append(UserObjectPermission(user_id=user_id, permission_id=perm_id, content_type_id=ctype_id,
                                          object_pk=str(pk)))  # fmt: skip
-    insert_all(rows, ignore_conflicts=True)
+    insert_all(rows, ignore_conflicts=True, later=True)
 
 
 def check_new_agents(agents: list[NewAgent]) -> None:

@@ -232,3 +232,24 @@ def test_an_ask_in_a_turn_reads_in_the_message_that_takes_the_saga_lock(alice: U
     assert "UPDATE sagas_run SET status" in last  # the wake-up
     assert last.endswith("RETURNING id, seq, created_at; COMMIT")  # the journal event's
     assert all(not m.startswith("SELECT") for m in messages[1:])
+
+
+def test_a_delegation_sends_its_run_and_its_grants_with_the_commit(alice: User) -> None:
+    """Adding an agent reads back only the keys its other rows refer to (its user's, its
+    collaborator's); its run (keyed here) and its permission grants go in the last message, with
+    the journal event and the COMMIT."""
+    team = build_team(owner=alice, internal=["coder"])
+    lead = team["lead"]
+    connection.ensure_connection()
+    with wire() as sent, actions.saga_transaction(lead.saga, current=True):
+        helper, _ = actions.add_agent(
+            saga=lead.saga, name="helper", role="H", task="Help.", runtime="internal", profile="responder",
+            parent=lead.handle, by=lead.user, ring=False,
+        )  # fmt: skip
+    messages = [written_out(message) for message in sent()]
+    last = messages[-1]
+    assert "INSERT INTO sagas_run" in last and "INSERT INTO guardian_userobjectpermission" in last, messages
+    assert last.endswith("COMMIT")
+    assert not any("INSERT INTO sagas_run" in m or "guardian_userobjectpermission" in m for m in messages[:-1])
+    assert Run.objects.filter(collaborator=helper, status=Run.Status.QUEUED).exists()
+    assert helper.user.has_perm("sagas.view_saga", lead.saga)
