@@ -30,18 +30,18 @@ def finish_run(
     lock_saga(collaborator.saga_id)
     if status not in Run.FINISHED:
         raise errors.InvalidPayload(f"{status} is not a terminal run status.")
-    # Plain statements (config.sql): every prompt's worker ends here.
-    if not update(
-        Run, {"id": run.pk, "status": _UNFINISHED}, status=status, result=result, error=error, lease_until=None,
-        waiting_on=None, waiting_on_remote=None, wait_until=None,
-    ):  # fmt: skip
+    # Plain statements (config.sql): every prompt's worker ends here. The compare-and-set goes with
+    # the read of the requests it strands (one message on PostgreSQL), which is read for nothing if
+    # another ending came first.
+    finished = found_later(_FINISH_SQL, [status, db_value(Run, "result", result), error, run.pk, *_UNFINISHED])
+    stranded = fetch(_STRANDED_SQL, [collaborator.pk, *_OPEN_REQUESTS], AgentRequest, Collaborator, Collaborator)
+    if not finished():
         return False
     data = {"result": result, "error": error}
     if worker:
         data["worker"] = worker
     update(Delegation, {"delegate": collaborator.pk}, later=True, status=DELEGATION_STATUS.get(status, "cancelled"))
     defer(_END_WAITS_SQL, [collaborator.pk])
-    stranded = fetch(_STRANDED_SQL, [collaborator.pk, *_OPEN_REQUESTS], AgentRequest, Collaborator, Collaborator)
     for request, request.sender, request.recipient in stranded:
         if settle(request, Status.RECIPIENT_UNAVAILABLE):
             close_request(request, actor=collaborator.handle, notify_recipient=False)
@@ -57,6 +57,11 @@ def finish_run(
 
 _UNFINISHED = [status for status in Run.Status.values if status not in Run.FINISHED]
 _OPEN_REQUESTS = [status.value for status in AgentRequest.OPEN]
+_FINISH_SQL = prepared(
+    f"UPDATE {Run._meta.db_table} SET status = %s, result = %s, error = %s, lease_until = NULL, "
+    "waiting_on_id = NULL, waiting_on_remote_id = NULL, wait_until = NULL "
+    f"WHERE id = %s AND status IN ({', '.join(['%s'] * len(_UNFINISHED))}) RETURNING id"
+)
 # A finished run waits on nothing: its requests' wait edges end (the waits-for graph, check_no_cycle).
 _END_WAITS_SQL = (
     f"UPDATE {AgentRequest._meta.db_table} SET wait_deadline = NULL WHERE sender_id = %s AND wait_deadline IS NOT NULL"

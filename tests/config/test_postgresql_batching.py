@@ -253,3 +253,17 @@ def test_a_delegation_sends_its_run_and_its_grants_with_the_commit(alice: User) 
     assert not any("INSERT INTO sagas_run" in m or "guardian_userobjectpermission" in m for m in messages[:-1])
     assert Run.objects.filter(collaborator=helper, status=Run.Status.QUEUED).exists()
     assert helper.user.has_perm("sagas.view_saga", lead.saga)
+
+
+def test_a_run_ends_with_its_compare_and_set_and_the_read_of_what_it_strands_in_one_message(alice: User) -> None:
+    team = build_team(owner=alice, internal=["coder"])
+    run = Run.objects.select_related("collaborator__saga").get(pk=team.run("coder").pk)
+    connection.ensure_connection()
+    with wire() as sent, actions.saga_transaction(run.collaborator.saga, current=True):
+        assert actions.finish_run(run=run, status=Run.Status.COMPLETED, result={"ok": True})
+    messages = [written_out(message) for message in sent()]
+    assert len(messages) == 2, messages  # the rest (its delegation, its waits, the event) with the COMMIT
+    first = [part for part in messages[0].split("; ") if not part.startswith("SAVEPOINT")]
+    assert first[0] == "BEGIN" and first[1].endswith("FOR NO KEY UPDATE")
+    assert first[2].startswith("UPDATE sagas_run SET status") and first[3].startswith("SELECT q.")
+    assert Run.objects.get(pk=run.pk).status == Run.Status.COMPLETED
