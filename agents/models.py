@@ -1,7 +1,8 @@
-from django.db import models
+from django.db import connection, models
 
 # Hook handlers and their stored results live in the hooks package; Django finds them through this module.
 from agents.hooks.models import HookHandler, HookResult  # noqa: F401
+from config.sql import prepared
 
 
 class AgentProfile(models.Model):
@@ -43,7 +44,14 @@ class AgentProfile(models.Model):
 def missing_profiles(names: set[str]) -> set[str]:
     """The kernel's question before it adds internal agents (`AGORA_MISSING_PROFILES`): which of
     these profiles do not exist."""
-    return names - set(AgentProfile.objects.filter(name__in=names).values_list("name", flat=True))
+    if not names:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(prepared(_PROFILE_NAMES_SQL.format(ids=", ".join(["%s"] * len(names)))), list(names))
+        return names - {name for (name,) in cursor.fetchall()}
+
+
+_PROFILE_NAMES_SQL = f"SELECT name FROM {AgentProfile._meta.db_table} WHERE name IN ({{ids}})"
 
 
 def tokens_used(run_ids: list[str]) -> dict[str, int]:

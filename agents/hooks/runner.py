@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 
 from agents.hooks.events import RULES, Event
 from agents.hooks.execution import Raw, run_handler
-from agents.hooks.models import HookHandler, HookResult
+from agents.hooks.models import HookHandler, HookResult, handlers_for
 from agents.hooks.parsing import Verdict, interpret
 from journal.actions import record
 
@@ -96,7 +96,7 @@ def run_hooks(
     if not (settings.AGORA_HOOKS_INLINE or current_task):
         raise HooksOutsideWorker("Hooks run in a Celery worker.")
     event = Event(event)
-    matching = [h for h in HookHandler.objects.for_event(event, brain=brain) if matches(h, role)]
+    matching = [h for h in handlers_for(event, brain=brain) if matches(h, role)]
     if not matching:
         return HookOutcome(event=event, key=key)
     stored = {r.handler: r for r in HookResult.objects.filter(saga_id=saga_id, key=key)}

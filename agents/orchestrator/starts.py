@@ -62,7 +62,7 @@ def pending_start(saga_id: Any, name: str) -> Pending | None:
     )  # fmt: skip
 
 
-# The prompt a worker's lead runs, and whether its brain has a SubagentStart handler (for_event()),
+# The prompt a worker's lead runs, and whether its brain has a SubagentStart handler (handlers_for()),
 # in one plain statement: every support worker's first turn asks.
 _PENDING_SQL = prepared(
     f"SELECT p.id, p.plan, p.expanded, p.text, b.name, EXISTS (SELECT 1 FROM {HookHandler._meta.db_table} h "

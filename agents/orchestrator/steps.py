@@ -30,12 +30,12 @@ from accounts.models import User
 from agents import references
 from agents.hooks import Event, PreparedPrompt, hook_key, prepare_prompt, run_hooks
 from agents.hooks.lifecycle import FEEDBACK_HEADING
-from agents.hooks.models import HookHandler
+from agents.hooks.models import handlers_for
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator import handoffs, plans, router
 from agents.orchestrator.models import Brain, Prompt
-from config.sql import columns, db_value, fetch
+from config.sql import columns, db_value, fetch, update
 from journal.actions import record
 from sagas import actions, errors
 from sagas.models import Collaborator, Run, Saga
@@ -280,7 +280,7 @@ def end_blocked(prompt: Prompt, prepared: PreparedPrompt) -> bool:
 def hooked(prompt: Prompt, event: Event) -> bool:
     """Whether the event has handlers for this brain at all: one statement for every worker, rather
     than one per worker when there are none."""
-    return HookHandler.objects.for_event(event, brain=prompt.brain.name).exists()
+    return bool(handlers_for(event, brain=prompt.brain.name))
 
 
 def blocked_outcome(worker: dict[str, Any]) -> "Outcome | None":
@@ -450,7 +450,7 @@ def start(prompt: Prompt, slot: str, *, role: str, task: str, here: list[str] | 
 
 def move(prompt: Prompt, frm: str, to: str, **fields: Any) -> bool:
     """The compare-and-set every step ends with; False: another doorbell already moved it."""
-    moved = Prompt.objects.filter(pk=prompt.pk, step=frm).update(step=to, updated_at=timezone.now(), **fields)
+    moved = update(Prompt, {"id": prompt.pk, "step": frm}, step=to, updated_at=timezone.now(), **fields)
     for key, value in fields.items():
         setattr(prompt, key, value)
     prompt.step = to if moved else prompt.step
