@@ -144,7 +144,8 @@ def insert_sql(
     read_keys = auto_pk and keys and not ignore_conflicts
     if ignore_conflicts:
         start = ops.insert_statement(on_conflict=OnConflict.IGNORE)
-        end = ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, [], [])
+        suffix = ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, [], [])
+        end = f" {suffix}" if suffix else ""
     else:
         start, end = "INSERT INTO", f" RETURNING {meta.pk.column}" if read_keys else ""
     sql = f"{start} {meta.db_table} ({columns}) VALUES {', '.join([row] * rows)}{end}"
