@@ -6,7 +6,10 @@ statements its connection ran, the transactions it committed (outermost atomic b
 Celery messages it sent (by task name), and for each orchestration step it ran, the step, whether
 it moved the prompt on, and its own statements. Nothing here changes what the tasks do.
 With `BENCH_PROFILE_DIR` set, each task is also run under cProfile and its stats written there
-(`<task name>-<task id>.prof`, for `python -m pstats`): where a step's milliseconds go.
+(`<task name>-<task id>.prof`, for `python -m pstats`): where a step's milliseconds go. With
+`BENCH_PROBE_SQL` set, each line also holds the task's timeline (`sql`): for every statement and
+COMMIT of its connection, when it began (epoch, ms), how long it took (ms) and its first words; the
+gaps between them are the Python around them (run the bench with `--keep` to read the lines).
 """
 
 import cProfile
