@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
+from django.db import connection
 from django.utils import timezone
 
 from accounts.models import User
@@ -35,7 +35,7 @@ from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator import handoffs, plans, router
 from agents.orchestrator.models import Brain, Prompt
-from config.sql import columns, db_value, fetch, update
+from config.sql import columns, db_value, fetch, prepared, py_value, update
 from journal.actions import record
 from sagas import actions, errors
 from sagas.models import Collaborator, Run, Saga
@@ -250,17 +250,31 @@ def primary_mcp(prompt: Prompt) -> dict[str, dict[str, Any]]:
     connect to them through the executor (the check's connections are closed at once: those turns
     may run on another worker); a server that did not answer here is tried again by them."""
     role = (prompt.plan or {}).get("primary_role", "")
-    servers = AgentProfile.objects.filter(name=prompt.brain.roles.get(role, "")).values_list("mcp_servers", flat=True)
-    return mcp.check_servers(f"prompt-{prompt.pk}", list(servers.first() or []))
+    with connection.cursor() as cursor:
+        cursor.execute(_MCP_SERVERS_SQL, [prompt.brain.roles.get(role, "")])
+        row = cursor.fetchone()
+    servers = py_value(AgentProfile, "mcp_servers", row[0]) if row else None
+    return mcp.check_servers(f"prompt-{prompt.pk}", list(servers or []))
+
+
+_MCP_SERVERS_SQL = prepared(f"SELECT mcp_servers FROM {AgentProfile._meta.db_table} WHERE name = %s")
 
 
 def claim_routing(prompt: Prompt) -> bool:
     """A lease on the router call, so that the periodic resume does not ask the router again while
     a slow router is still answering."""
     now = timezone.now()
-    free = Q(routing_until__isnull=True) | Q(routing_until__lt=now)
     lease = now + timedelta(seconds=settings.AGORA_ROUTING_LEASE_S)
-    return bool(Prompt.objects.filter(free, pk=prompt.pk, step=Step.ROUTING).update(routing_until=lease))
+    params = [db_value(Prompt, "routing_until", lease), db_value(Prompt, "id", prompt.pk), Step.ROUTING.value]
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_ROUTING_SQL, [*params, db_value(Prompt, "routing_until", now)])
+        return bool(cursor.rowcount)
+
+
+_CLAIM_ROUTING_SQL = prepared(
+    f"UPDATE {Prompt._meta.db_table} SET routing_until = %s "
+    "WHERE id = %s AND step = %s AND (routing_until IS NULL OR routing_until < %s)"
+)
 
 
 # --- the hooks around the steps (each before its step's transaction) ----------------------------
@@ -471,7 +485,8 @@ def conclude(prompt: Prompt, status: str, *, reason: str = "") -> None:
     journal(prompt, f"prompt.{status}", {"status": status, "reason": reason, "answer": prompt.final_answer[:4000]})
     lead = prompt.lead
     if lead is not None:
-        run = Run.objects.select_related("collaborator").get(collaborator=lead)
+        run = Run.objects.get(collaborator=lead)
+        run.collaborator = lead
         run_status = Run.Status.FAILED if status == Prompt.Status.FAILED else Run.Status.COMPLETED
         actions.finish_run(run=run, status=run_status, result={"prompt_id": str(prompt.pk), "status": status},
                            error=reason if run_status == Run.Status.FAILED else "")  # fmt: skip
