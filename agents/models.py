@@ -2,7 +2,7 @@ from django.db import connection, models
 
 # Hook handlers and their stored results live in the hooks package; Django finds them through this module.
 from agents.hooks.models import HookHandler, HookResult  # noqa: F401
-from config.sql import prepared
+from config.sql import placeholders, prepared
 
 
 class AgentProfile(models.Model):
@@ -47,7 +47,7 @@ def missing_profiles(names: set[str]) -> set[str]:
     if not names:
         return set()
     with connection.cursor() as cursor:
-        cursor.execute(prepared(_PROFILE_NAMES_SQL.format(ids=", ".join(["%s"] * len(names)))), list(names))
+        cursor.execute(prepared(_PROFILE_NAMES_SQL.format(ids=placeholders(len(names)))), list(names))
         return names - {name for (name,) in cursor.fetchall()}
 
 

@@ -27,6 +27,11 @@ def prepared(sql: str) -> Statement:
     return Statement(sql)
 
 
+def placeholders(n: int) -> str:
+    """`%s, %s, ...`, n of them: the values of an IN list or a row."""
+    return ", ".join(["%s"] * n)
+
+
 def db() -> BaseDatabaseWrapper:
     """This thread's connection. Every attribute read through `django.db.connection` looks the
     connection up again (a context-local lookup): the helpers here look it up once per call."""
@@ -119,7 +124,7 @@ def update(model: type[models.Model], where: dict[str, Any], *, later: bool = Fa
     conditions = []
     for name, value in where.items():
         values = value if isinstance(value, list | tuple) else [value]
-        conditions.append(f'"{meta.get_field(name).column}" IN ({", ".join(["%s"] * len(values))})')  # type: ignore[union-attr]
+        conditions.append(f'"{meta.get_field(name).column}" IN ({placeholders(len(values))})')  # type: ignore[union-attr]
         params += [db_value(model, name, v) for v in values]
     sql = Statement(f"UPDATE {meta.db_table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}")
     if later:
@@ -140,7 +145,7 @@ def insert_sql(
     auto_pk = isinstance(meta.pk, models.AutoField)
     fields = tuple(f for f in meta.concrete_fields if not (auto_pk and f.primary_key))
     columns = ", ".join(ops.quote_name(str(f.column)) for f in fields)
-    row = f"({', '.join(['%s'] * len(fields))})"
+    row = f"({placeholders(len(fields))})"
     read_keys = auto_pk and keys and not ignore_conflicts
     if ignore_conflicts:
         start = ops.insert_statement(on_conflict=OnConflict.IGNORE)

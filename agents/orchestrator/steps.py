@@ -35,7 +35,7 @@ from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator import handoffs, plans, router
 from agents.orchestrator.models import Brain, Prompt
-from config.sql import columns, db_value, fetch, prepared, py_value, update
+from config.sql import columns, db_value, fetch, placeholders, prepared, py_value, update
 from journal.actions import record
 from sagas import actions, errors
 from sagas.models import Collaborator, Run, Saga
@@ -265,9 +265,10 @@ def claim_routing(prompt: Prompt) -> bool:
     a slow router is still answering."""
     now = timezone.now()
     lease = now + timedelta(seconds=settings.AGORA_ROUTING_LEASE_S)
-    params = [db_value(Prompt, "routing_until", lease), db_value(Prompt, "id", prompt.pk), Step.ROUTING.value]
+    params = [db_value(Prompt, "routing_until", lease), db_value(Prompt, "id", prompt.pk), Step.ROUTING.value,
+              db_value(Prompt, "routing_until", now)]  # fmt: skip
     with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_ROUTING_SQL, [*params, db_value(Prompt, "routing_until", now)])
+        cursor.execute(_CLAIM_ROUTING_SQL, params)
         return bool(cursor.rowcount)
 
 
@@ -364,7 +365,7 @@ def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
     found: dict[str, Outcome] = {}
     if not names:
         return found
-    sql = _RUNS_SQL.format(ids=", ".join(["%s"] * len(names)))
+    sql = _RUNS_SQL.format(ids=placeholders(len(names)))
     for run, collaborator in fetch(sql, [db_value(Saga, "id", prompt.saga_id), *names], Run, Collaborator):
         run.collaborator = collaborator
         slot = names[collaborator.name]

@@ -44,7 +44,7 @@ from typing import Any
 from django.db.backends.postgresql import base as django_base
 from psycopg import IsolationLevel, pq
 
-from config.sql import Statement
+from config.sql import Statement, placeholders
 
 base: Any = django_base  # its stubs describe little of it
 
@@ -89,7 +89,7 @@ def as_prepared(conn: Any, query: Statement, params: Any) -> str:
         name = f"agora_{next(_names)}"
         conn.agora_pending.append(f"PREPARE {name} AS {shape[0]}")
         conn.agora_preparing[query] = name
-    return f"EXECUTE {name}({', '.join(['%s'] * len(params))})" if params else f"EXECUTE {name}"
+    return f"EXECUTE {name}({placeholders(len(params))})" if params else f"EXECUTE {name}"
 
 
 def settled(conn: Any, *, sent: bool) -> None:

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db_value, fetch_one, insert, update
+from config.sql import columns, db_value, fetch_one, insert, placeholders, update
 from journal.actions import record
 from sagas import errors
 from sagas.access import ADDRESS_PERM, SagaTree, address_grant_sql, may_address, may_manage
@@ -140,7 +140,7 @@ def read_ask(saga: Saga, sender: Collaborator, name: str, idempotency_key: str =
 
 
 _OPEN_STATUSES = [status.value for status in AgentRequest.OPEN]
-_OPEN = ", ".join(["%s"] * len(_OPEN_STATUSES))
+_OPEN = placeholders(len(_OPEN_STATUSES))
 # From the saga row, so that its status comes back whether or not the recipient exists (a finished
 # saga refuses first). The grant is matched on the recipient's id as text: guardian keeps object
 # keys in a text column.

@@ -10,7 +10,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db, db_value, defer, fetch, fetch_one, found_later, prepared, update
+from config.sql import columns, db, db_value, defer, fetch, fetch_one, found_later, placeholders, prepared, update
 from journal.actions import record
 from sagas import errors
 from sagas.actions.locking import lock_open_saga, lock_saga, saga_transaction
@@ -60,7 +60,7 @@ _OPEN_REQUESTS = [status.value for status in AgentRequest.OPEN]
 _FINISH_SQL = prepared(
     f"UPDATE {Run._meta.db_table} SET status = %s, result = %s, error = %s, lease_until = NULL, "
     "waiting_on_id = NULL, waiting_on_remote_id = NULL, wait_until = NULL "
-    f"WHERE id = %s AND status IN ({', '.join(['%s'] * len(_UNFINISHED))}) RETURNING id"
+    f"WHERE id = %s AND status IN ({placeholders(len(_UNFINISHED))}) RETURNING id"
 )
 # A finished run waits on nothing: its requests' wait edges end (the waits-for graph, check_no_cycle).
 _END_WAITS_SQL = (
@@ -71,7 +71,7 @@ _STRANDED_SQL = (
     f"SELECT {columns(AgentRequest, 'q')}, {columns(Collaborator, 's')}, {columns(Collaborator, 'r')} "
     f"FROM {AgentRequest._meta.db_table} q JOIN {Collaborator._meta.db_table} s ON s.id = q.sender_id "
     f"JOIN {Collaborator._meta.db_table} r ON r.id = q.recipient_id "
-    f"WHERE q.recipient_id = %s AND q.status IN ({', '.join(['%s'] * len(_OPEN_REQUESTS))}) ORDER BY q.created_at"
+    f"WHERE q.recipient_id = %s AND q.status IN ({placeholders(len(_OPEN_REQUESTS))}) ORDER BY q.created_at"
 )
 
 REMOTE_WAIT_GRACE_S = 2.0

@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db, defer, fetch, flush, prepared, rows_later, update
+from config.sql import columns, db, defer, fetch, flush, placeholders, prepared, rows_later, update
 from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
@@ -26,7 +26,7 @@ _PUSHED = ("kind", "sender", "request", "human_request", "broadcast", "payload",
 _PUSH_SQL = prepared(
     f"INSERT INTO {SteeringItem._meta.db_table} (recipient_id, seq, "
     + ", ".join(SteeringItem._meta.get_field(name).column for name in _PUSHED)  # type: ignore[union-attr, misc]
-    + f") SELECT id, steering_seq, {', '.join(['%s'] * len(_PUSHED))} FROM {Collaborator._meta.db_table} "
+    + f") SELECT id, steering_seq, {placeholders(len(_PUSHED))} FROM {Collaborator._meta.db_table} "
     "WHERE id = %s RETURNING id, seq"
 )
 _WAKE_SQL = prepared(
