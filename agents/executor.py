@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -98,8 +98,8 @@ def run_turn(run_id: str, *, worker: str = "") -> None:
     row = actions.fetch_queued_run(_QUEUED_RUN_SQL, run_id, AgentProfile)
     if row is None:
         return  # a redelivered doorbell, or another worker holds the run
-    run, agent_profile = row
-    turns = Turns(run, agent_profile, worker=worker)
+    run, agent_profile, *first = row
+    turns = Turns(run, agent_profile, first, worker=worker)
     heartbeat().add(turns)
     here: list[str] = []
     try:
@@ -118,10 +118,16 @@ def run_turn(run_id: str, *, worker: str = "") -> None:
         run_turn(next_run, worker=worker)
 
 
-# The run a task starts on, with its agent profile, in one statement: the kernel's read of a queued
-# run joined to the runtime's profiles.
+# The run a task starts on, in one statement: the kernel's read of a queued run joined to what the
+# runtime needs of its own: the run's agent profile, then for a first turn who delegated its task
+# (the handoff names them: kind, name) and a prompt's support worker's SubagentStart (starts.py).
 _QUEUED_RUN_SQL = actions.queued_run_sql(
-    also=columns(AgentProfile, "p"), join=f"LEFT JOIN {AgentProfile._meta.db_table} p ON p.name = c.profile"
+    also=f"{columns(AgentProfile, 'p')}, dc.kind, dc.name, {starts.START_COLUMNS}",
+    join=(
+        f"LEFT JOIN {AgentProfile._meta.db_table} p ON p.name = c.profile "
+        f"LEFT JOIN {Delegation._meta.db_table} d ON d.delegate_id = c.id "
+        f"LEFT JOIN {Collaborator._meta.db_table} dc ON dc.id = d.delegator_id {starts.START_JOIN}"
+    ),
 )
 
 
@@ -135,7 +141,8 @@ class Turns:
     A run with more to do keeps its worker for up to `AGORA_TURN_SLICE_S`, then goes back in line.
     """
 
-    def __init__(self, run: Run, profile: AgentProfile | None, *, worker: str = "") -> None:
+    def __init__(self, run: Run, profile: AgentProfile | None, first: Sequence[Any], *, worker: str = "") -> None:
+        """`first`: the rest of what _QUEUED_RUN_SQL read with the run, for its first turn."""
         self.run = run
         self.worker = worker
         self.collaborator = run.collaborator
@@ -148,6 +155,8 @@ class Turns:
         self.mcp = mcp.RunTools(run.pk, self.profile.mcp_servers if self.profile else [])
         self.outside: dict[str, Any] | None = None  # an MCP call to make outside any transaction
         self.context = ""  # what a prompt's SubagentStart hooks added to this worker's task
+        kind, name, *self.start = first
+        self.delegator = f"{kind}:{name}" if kind else ""  # who handed this run its task, if someone did
 
     # --- the shape of a turn ----------------------------------------------------------------
 
@@ -170,7 +179,7 @@ class Turns:
         """A prompt's support worker before its first input: the SubagentStart hooks it must run."""
         if self.transcript.messages or not is_brain_worker(self.collaborator.name):
             return None
-        return starts.pending_start(self.saga_id, self.collaborator.name)
+        return starts.pending_start(self.saga_id, self.collaborator.name, self.start)
 
     def start_hooks(self, pending: "starts.Pending") -> bool:
         """Its SubagentStart hooks, before its first model call and outside any transaction (the
@@ -338,11 +347,9 @@ class Turns:
             f"{self.collaborator.task}\n\n{CONTEXT_HEADING}\n{self.context}" if self.context else self.collaborator.task
         )
         handoff = {"task": task, "role": self.collaborator.role}
-        with connection.cursor() as cursor:
-            cursor.execute(_DELEGATOR_SQL, [self.collaborator.pk])
-            if (delegator := cursor.fetchone()) is not None:
-                handoff["from"] = ":".join(delegator)
-        return scripted.header(kind="handoff", **{"from": handoff.get("from", "")}) + "\n" + json.dumps(handoff)
+        if self.delegator:
+            handoff["from"] = self.delegator
+        return scripted.header(kind="handoff", **{"from": self.delegator}) + "\n" + json.dumps(handoff)
 
     def resume_wait(self) -> bool:
         """The parked `ask_agent(mode="wait")` gets its result: the reply, or `timed_out`."""
@@ -449,12 +456,6 @@ _TEAM_TOKENS_SQL = prepared(
     "WHERE t.id = %s"
 )
 
-
-# Who delegated this run's task, as a handle (kind:name), if someone did.
-_DELEGATOR_SQL = prepared(
-    f"SELECT c.kind, c.name FROM {Delegation._meta.db_table} d JOIN {Collaborator._meta.db_table} c "
-    "ON c.id = d.delegator_id WHERE d.delegate_id = %s"
-)
 
 
 def ring_orchestrator(saga_id: Any, name: str) -> list[str]:

@@ -92,7 +92,8 @@ def load(model: type[M], values: Sequence[Any], conn: BaseDatabaseWrapper | None
 def fetch(sql: str, params: Sequence[Any], *shape: type[models.Model], plain: int = 0) -> list[list[Any]]:
     """Run a SELECT of columns(...) of each model of `shape` in turn, and load each row as one
     instance per model; None for a model an outer join found no row of (a NULL primary key). With
-    `plain`, the select list starts with that many other values, which lead each row as read."""
+    `plain`, the select list starts with that many other values, which lead each row as read; the
+    values after the models' columns, if any, end it as read."""
     spans, start = [], plain
     for model in shape:
         fields = model._meta.concrete_fields
@@ -103,7 +104,11 @@ def fetch(sql: str, params: Sequence[Any], *shape: type[models.Model], plain: in
         cursor.execute(Statement(sql), params)
         rows = cursor.fetchall()
     return [
-        [*row[:plain], *(None if row[pk] is None else load(model, row[a:b], conn) for model, a, b, pk in spans)]
+        [
+            *row[:plain],
+            *(None if row[pk] is None else load(model, row[a:b], conn) for model, a, b, pk in spans),
+            *row[start:],
+        ]
         for row in rows
     ]
 

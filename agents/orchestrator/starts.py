@@ -10,16 +10,14 @@ to its task. The run is keyed like every hook run (`hook_key`): a worker killed 
 again and finds its finished handlers stored.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from django.db import connection
 
 from agents.hooks import Event, hook_key, run_hooks
 from agents.hooks.models import HookHandler
 from agents.orchestrator.models import Brain, Prompt
-from config.sql import db_value, prepared, py_value
-from sagas.models import Collaborator
+from config.sql import py_value
 
 
 @dataclass(frozen=True)
@@ -42,19 +40,17 @@ class Start:
     context: str = ""
 
 
-def pending_start(saga_id: Any, name: str) -> Pending | None:
+def pending_start(saga_id: Any, name: str, read: Sequence[Any]) -> Pending | None:
     """The SubagentStart to run for the run of `name` (`brain-….role`), or None: not a prompt's
-    support worker (the primary, the reviewer), or no handler of its brain for that event."""
-    lead, _, slot = name.partition(".")
-    with connection.cursor() as cursor:
-        cursor.execute(_PENDING_SQL, [Event.SUBAGENT_START.value, True, db_value(Prompt, "saga", saga_id), lead])
-        row = cursor.fetchone()
-    if row is None:
+    support worker (the primary, the reviewer), or no handler of its brain for that event. `read`:
+    the values of START_COLUMNS, read with the run."""
+    prompt_id, plan, expanded, text, brain, handled = read
+    if prompt_id is None or not handled:
         return None
-    prompt_id, plan, expanded, text, brain, handled = row
+    slot = name.partition(".")[2]
     plan = py_value(Prompt, "plan", plan) or {}
     worker = next((w for w in plan.get("workers", []) if w.get("role") == slot), None)
-    if worker is None or not handled:
+    if worker is None:
         return None
     return Pending(
         saga_id=saga_id, prompt_id=str(py_value(Prompt, "id", prompt_id)), brain=brain, role=slot,
@@ -62,13 +58,17 @@ def pending_start(saga_id: Any, name: str) -> Pending | None:
     )  # fmt: skip
 
 
-# The prompt a worker's lead runs, and whether its brain has a SubagentStart handler (handlers_for()),
-# in one plain statement: every support worker's first turn asks.
-_PENDING_SQL = prepared(
-    f"SELECT p.id, p.plan, p.expanded, p.text, b.name, EXISTS (SELECT 1 FROM {HookHandler._meta.db_table} h "
-    "WHERE h.event = %s AND h.trusted = %s AND (h.brain = '' OR h.brain = b.name)) "
-    f"FROM {Prompt._meta.db_table} p JOIN {Brain._meta.db_table} b ON b.id = p.brain_id "
-    f"JOIN {Collaborator._meta.db_table} c ON c.id = p.lead_id WHERE p.saga_id = %s AND c.name = %s"
+# What pending_start() reads, in the statement that reads a worker's queued run (agents/executor.py:
+# every support worker's first task needs it, and a statement of its own would be one more round
+# trip): the prompt that the run's delegator (`d`, the run's delegation) leads, the name of its
+# brain, and whether that brain has a SubagentStart handler (as handlers_for() finds them).
+START_COLUMNS = (
+    f"sp.id, sp.plan, sp.expanded, sp.text, sb.name, EXISTS (SELECT 1 FROM {HookHandler._meta.db_table} h "
+    f"WHERE h.event = '{Event.SUBAGENT_START.value}' AND h.trusted = TRUE AND (h.brain = '' OR h.brain = sb.name))"
+)
+START_JOIN = (
+    f"LEFT JOIN {Prompt._meta.db_table} sp ON sp.lead_id = d.delegator_id "
+    f"LEFT JOIN {Brain._meta.db_table} sb ON sb.id = sp.brain_id"
 )
 
 

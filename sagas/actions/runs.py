@@ -132,7 +132,8 @@ def queued_run_sql(*, also: str = "", join: str = "") -> str:
 
 def fetch_queued_run(sql: str, run_id: str, *also: type[models.Model]) -> list[Any] | None:
     """Run a queued_run_sql() statement: the run, loaded as queued_run() loads it, then an instance
-    of each model of `also` (None where an outer join found none); None if the run is not queued."""
+    of each model of `also` (None where an outer join found none), then the values of the columns
+    after theirs, as read; None if the run is not queued."""
     row = fetch_one(sql, [run_id, Run.Status.QUEUED.value], Run, Collaborator, Saga, User, *also)
     if row is None:
         return None

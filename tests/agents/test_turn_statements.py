@@ -175,12 +175,12 @@ def test_a_claim_another_worker_won_meanwhile_writes_nothing(saga: Saga, alice: 
     # This task read the run while it was queued; another worker claimed it before this task's claim.
     row = actions.fetch_queued_run(executor._QUEUED_RUN_SQL, echo.run.pk, AgentProfile)
     assert row is not None
-    run, profile = row
+    run, profile, *first = row
     assert actions.claim_turn(run_id=echo.run.pk, worker="other@host") is not None
     events = JournalEvent.objects.filter(saga=saga).count()
 
     with pytest.raises(executor.LostTurn):
-        executor.Turns(run, profile, worker="late@host").execute()
+        executor.Turns(run, profile, first, worker="late@host").execute()
 
     # Its claim went unanswered until the end of its transaction, which rolled back whole: the
     # request it would have taken in is still the other worker's to take.
