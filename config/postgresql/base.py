@@ -180,6 +180,13 @@ class DatabaseWrapper(base.DatabaseWrapper):
             self.settings_dict["OPTIONS"] = options
         if params["cursor_factory"] is base.Cursor:  # not with server-side binding
             params["cursor_factory"] = Cursor
+            if prepare:
+                # The prepared statements are lookups by key: one generic plan, made at the first
+                # EXECUTE, serves them all. By default the server would plan each one's first five
+                # executions again on every new connection (the join that reads a queued run takes
+                # it a few milliseconds each time), and plan afresh forever one whose generic plan
+                # it happens to estimate dearer.
+                params["options"] = f"{params.get('options', '')} -c plan_cache_mode=force_generic_plan".lstrip()
         params["agora_prepare"] = prepare
         return params
 

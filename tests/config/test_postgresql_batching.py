@@ -202,8 +202,23 @@ def test_preparing_can_be_switched_off() -> None:
             assert cursor.fetchone() == (2,)
             cursor.execute("SELECT COUNT(*) FROM pg_prepared_statements")
             assert cursor.fetchone() == (0,)
+            cursor.execute("SHOW plan_cache_mode")  # nothing of the session is set (a pooler's)
+            assert cursor.fetchone() == ("auto",)
     finally:
         other.close()
+
+
+def test_a_prepared_statement_is_planned_once_per_connection() -> None:
+    """Its generic plan from the first execution on: the server plans none of them again."""
+    statement = fresh("SELECT COUNT(*) FROM sagas_run WHERE status = %s")
+    with connection.cursor() as cursor:
+        for _ in range(3):
+            cursor.execute(statement, ["queued"])
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE strpos(statement, %s) > 0",
+            [statement.rsplit("/*", 1)[1]],
+        )
+        assert cursor.fetchall() == [(3, 0)]
 
 
 def test_placeholders_are_numbered_and_percent_signs_kept() -> None:
