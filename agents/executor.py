@@ -457,7 +457,6 @@ _TEAM_TOKENS_SQL = prepared(
 )
 
 
-
 def ring_orchestrator(saga_id: Any, name: str) -> list[str]:
     """A worker of a prompt rested: its orchestration may be ready for the next step. Advanced here,
     after this run's last commit, rather than by one more task; and the run that step starts (the
