@@ -1,5 +1,6 @@
 """Who sees whom and who may address whom (DESIGN.md §4). Reads only; grants are written by actions."""
 
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -7,13 +8,15 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import F, Model, QuerySet
 from guardian.models import UserObjectPermission
 
 from config.sql import db_value, prepared
 from journal.models import JournalEvent
 from sagas.models import AgentRequest, Collaborator, Delegation, HumanRequest, Run, Saga
+
+logger = logging.getLogger(__name__)
 
 ADDRESS_PERM = "address_collaborator"
 
@@ -189,10 +192,26 @@ def permission_id(model: type[Model], codename: str) -> tuple[int, int]:
 
 
 _permission_ids: dict[tuple[str, str], tuple[int, int]] = {}
+# The permissions every delegation grants (add_agents): who joins sees the saga, and who may address whom.
+GRANTED: list[tuple[type[Model], str]] = [(Saga, "view_saga"), (Collaborator, ADDRESS_PERM)]
 
 
 def forget_permission_ids(**_: Any) -> None:
     _permission_ids.clear()
+
+
+def warm_permission_ids(**_: Any) -> None:
+    """At a worker's start, before it forks its pool processes (Celery's `worker_init`): read the
+    ids of the permissions GRANTED, which each pool process would otherwise read (four statements)
+    at its first delegation, then close the connection: the pool processes open their own. A
+    database that does not answer yet leaves the reads to them."""
+    try:
+        for model, codename in GRANTED:
+            permission_id(model, codename)
+    except DatabaseError:
+        logger.warning("permission ids not read at the worker's start: each pool process reads them")
+    finally:
+        connection.close()
 
 
 def may_address(sender: Collaborator, recipient: Collaborator, *, granted: bool | None = None) -> bool:

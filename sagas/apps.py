@@ -24,3 +24,9 @@ class SagasConfig(AppConfig):
         from sagas.access import forget_permission_ids
 
         post_migrate.connect(forget_permission_ids, dispatch_uid="sagas.forget_permission_ids")
+
+        from celery.signals import worker_init
+
+        from sagas.access import warm_permission_ids
+
+        worker_init.connect(warm_permission_ids, dispatch_uid="sagas.warm_permission_ids")

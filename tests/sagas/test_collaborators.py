@@ -12,7 +12,15 @@ from guardian.shortcuts import get_perms
 
 from accounts.models import ApiToken, User, hash_token
 from sagas import errors
-from sagas.access import ADDRESS_PERM, SagaTree, collaborator_card, may_address, visible_collaborators
+from sagas.access import (
+    ADDRESS_PERM,
+    SagaTree,
+    collaborator_card,
+    forget_permission_ids,
+    may_address,
+    visible_collaborators,
+    warm_permission_ids,
+)
 from sagas.actions import NewAgent, add_agent, add_agents, add_human, create_saga
 from sagas.models import Collaborator, Delegation, Run, Saga
 from tests.sagas.kernel import Team, field_errors, journal, last_seq, profile_named, queued_turns
@@ -240,6 +248,24 @@ def test_a_delegation_reads_no_permission_and_its_profiles_once_however_many_it_
     # Only the journal grows with the number of agents: one event each.
     written = [len([s for s in sent if "journal_" not in s]) for sent in (one, three)]
     assert written[0] == written[1], listing
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_reads_the_granted_permissions_once_before_its_pool_processes_fork(alice: User) -> None:
+    """What `worker_init` runs in a worker's parent process: the children it forks then start with
+    the ids, and with no connection of the parent's."""
+    saga = create_saga(title="t", owner=alice)
+    profile = profile_named("planner")
+    forget_permission_ids()  # as a process that has granted nothing yet
+
+    warm_permission_ids()
+
+    assert connection.connection is None
+    with CaptureQueriesContext(connection) as queries:
+        add_agent(saga=saga, name="a", role="R", task="t", runtime="internal", profile=profile, by=alice)
+    sent = [q["sql"] for q in queries.captured_queries]
+    assert not any("django_content_type" in s or "auth_permission" in s for s in sent), sent
+    assert {"view_saga"} <= set(get_perms(Collaborator.objects.get(name="a").user, saga))
 
 
 def test_add_human_grants_view_and_journals_the_manager(team: Team, alice: User, mallory: User) -> None:
