@@ -142,16 +142,16 @@ def update(model: type[models.Model], where: dict[str, Any], *, later: bool = Fa
 
 @cache
 def insert_sql(
-    model: type[models.Model], vendor: str, rows: int = 1, *, ignore_conflicts: bool = False, keys: bool = True
+    model: type[models.Model], vendor: str, rows: int = 1, *, ignore_conflicts: bool = False
 ) -> tuple[str, tuple[Any, ...], bool]:
     """The INSERT of `rows` rows of model's concrete fields, the fields, and whether it reads back
-    the keys the database makes (if `keys`, and unless a row in conflict is skipped: it has none)."""
+    the keys the database makes (unless a row in conflict is skipped: it has none)."""
     meta, ops = model._meta, db().ops
     auto_pk = isinstance(meta.pk, models.AutoField)
     fields = tuple(f for f in meta.concrete_fields if not (auto_pk and f.primary_key))
     columns = ", ".join(ops.quote_name(str(f.column)) for f in fields)
     row = f"({placeholders(len(fields))})"
-    read_keys = auto_pk and keys and not ignore_conflicts
+    read_keys = auto_pk and not ignore_conflicts
     if ignore_conflicts:
         start = ops.insert_statement(on_conflict=OnConflict.IGNORE)
         suffix = ops.on_conflict_suffix_sql(fields, OnConflict.IGNORE, [], [])
@@ -165,8 +165,7 @@ def insert_sql(
 def insert(instance: M, *, later: bool = False) -> M:
     """Save a new instance with one plain INSERT, as save(force_insert=True) would (defaults,
     auto_now_add), but without the ORM's compile step and signals. With `later`, deferred
-    (defer()): for a model whose primary key is not the database's to make."""
-    assert not (later and isinstance(instance._meta.pk, models.AutoField)), "a deferred INSERT returns no key"
+    (defer()), as insert_all() defers."""
     (saved,) = insert_all([instance], later=later)
     return saved
 
@@ -174,23 +173,28 @@ def insert(instance: M, *, later: bool = False) -> M:
 def insert_all(instances: Sequence[M], *, ignore_conflicts: bool = False, later: bool = False) -> list[M]:
     """bulk_create() of instances of one model as one plain INSERT, without the ORM's compile
     step: the keys the database makes are set on them. With `ignore_conflicts`, a row whose unique
-    key is taken is skipped; with `later`, the INSERT is deferred (defer()), for rows nothing in
-    this transaction refers to by a key the database makes. Either way those keys are not read."""
+    key is taken is skipped (and its key is not read). With `later`, the INSERT is deferred
+    (defer()), and the keys the database makes are set when its answer comes back, with the
+    transaction's next statement or its COMMIT: for rows whose keys nothing reads before then."""
     if not instances:
         return []
     conn = db()
     sql, fields, read_keys = insert_sql(
-        type(instances[0]), conn.vendor, len(instances), ignore_conflicts=ignore_conflicts, keys=not later
+        type(instances[0]), conn.vendor, len(instances), ignore_conflicts=ignore_conflicts
     )
     params = [f.get_db_prep_save(f.pre_save(instance, True), conn) for instance in instances for f in fields]
+
+    def set_keys(rows: Sequence[tuple[Any, ...]]) -> None:
+        for instance, (pk,) in zip(instances, rows, strict=True):
+            instance.pk = pk
+
     if later:
-        defer(sql, params)
+        defer(sql, params, then=set_keys if read_keys else None)
     else:
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
             if read_keys:
-                for instance, (pk,) in zip(instances, cursor.fetchall(), strict=True):
-                    instance.pk = pk
+                set_keys(cursor.fetchall())
     for instance in instances:
         instance._state.adding, instance._state.db = False, conn.alias
     return list(instances)

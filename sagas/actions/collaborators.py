@@ -85,8 +85,8 @@ def add_agents(
     """Add agents under one parent, all or none, as `add_agent` adds one: with one lock, one check
     of each cap for all of them, and one write of each kind (users, collaborators, delegations,
     runs, permissions), so that a Brain's support workers cost one step, not one per worker; the
-    writes whose keys nothing here reads go with the next statement (config.sql.defer).
-    Returns each collaborator, in order, with its token (external agents only)."""
+    writes whose keys nothing here reads (delegations, runs, grants) go with the next statement
+    (config.sql.defer). Returns each collaborator, in order, with its token (external agents only)."""
     saga = lock_open_saga(saga.pk)
     check_new_agents(agents)
     tree = SagaTree.shape(saga)  # read once: who acts, the parent, the names taken, the caps, the grants
@@ -107,7 +107,7 @@ def add_agents(
     insert_all([
         Delegation(saga=saga, delegator_id=delegator.pk, delegate=collaborator, task=collaborator.task)
         for collaborator in collaborators
-    ])  # fmt: skip
+    ], later=True)  # fmt: skip
     internal = [agent.runtime == Collaborator.Runtime.INTERNAL for agent in agents]
     runs = insert_all([
         Run(collaborator=collaborator, status=Run.Status.QUEUED if inside else Run.Status.IDLE,

@@ -17,7 +17,7 @@ from config.postgresql.base import DatabaseWrapper, numbered
 from config.sql import defer, prepared
 from sagas import actions
 from sagas.actions.requests import _ASK_SQL
-from sagas.models import Run
+from sagas.models import Delegation, Run
 from tests.sagas.conftest import build_team
 from tests.sagas.kernel import written_out
 
@@ -250,9 +250,9 @@ def test_an_ask_in_a_turn_reads_in_the_message_that_takes_the_saga_lock(alice: U
 
 
 def test_a_delegation_sends_its_run_and_its_grants_with_the_commit(alice: User) -> None:
-    """Adding an agent reads back only the keys its other rows refer to (its user's, its
-    collaborator's); its run (keyed here) and its permission grants go in the last message, with
-    the journal event and the COMMIT."""
+    """Adding an agent waits only for the keys its other rows refer to (its user's, its
+    collaborator's); its delegation (whose key comes back with it), its run (keyed here) and its
+    permission grants go in the last message, with the journal event and the COMMIT."""
     team = build_team(owner=alice, internal=["coder"])
     lead = team["lead"]
     connection.ensure_connection()
@@ -263,10 +263,12 @@ def test_a_delegation_sends_its_run_and_its_grants_with_the_commit(alice: User) 
         )  # fmt: skip
     messages = [written_out(message) for message in sent()]
     last = messages[-1]
-    assert "INSERT INTO sagas_run" in last and "INSERT INTO guardian_userobjectpermission" in last, messages
+    later = ("INSERT INTO sagas_delegation", "INSERT INTO sagas_run", "INSERT INTO guardian_userobjectpermission")
+    assert all(insert in last for insert in later), messages
     assert last.endswith("COMMIT")
-    assert not any("INSERT INTO sagas_run" in m or "guardian_userobjectpermission" in m for m in messages[:-1])
+    assert not any(insert in m for m in messages[:-1] for insert in later)
     assert Run.objects.filter(collaborator=helper, status=Run.Status.QUEUED).exists()
+    assert helper.delegation.pk == Delegation.objects.get(delegate=helper).pk
     assert helper.user.has_perm("sagas.view_saga", lead.saga)
 
 

@@ -7,7 +7,7 @@ from django.db import IntegrityError, connection, models, transaction
 
 from accounts.models import User
 from agents.models import TranscriptEntry
-from config.sql import columns, fetch, insert, insert_all, py_value, update
+from config.sql import columns, fetch, flush, insert, insert_all, py_value, update
 from sagas.actions import add_agent, ask_agent, create_saga
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
 
@@ -114,6 +114,16 @@ def test_insert_all_saves_what_bulk_create_saves_and_reads_the_keys_back() -> No
         assert {k: v for k, v in read.items() if k not in differ} == {
             k: v for k, v in field_values(User.objects.get(pk=b.pk)).items() if k not in differ
         }
+
+
+def test_insert_all_later_sets_the_keys_when_the_answer_comes() -> None:
+    users = [User(username=n, kind=User.Kind.AGENT) for n in ("c1", "c2")]
+    with transaction.atomic():
+        insert_all(users, later=True)
+        flush()  # what a transaction's next statement or its COMMIT does
+        assert [u.pk for u in users] == list(
+            User.objects.filter(username__in=["c1", "c2"]).order_by("username").values_list("pk", flat=True)
+        )
 
 
 def test_insert_all_skips_the_rows_in_conflict_when_told() -> None:
