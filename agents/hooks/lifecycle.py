@@ -10,6 +10,7 @@ before its first model call (a block fails that worker only, with the reason), S
 its successful result, and Stop after the primary and the review (its context is feedback).
 """
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,22 +46,24 @@ class PreparedPrompt:
         return self.event is not None
 
 
-def prepare_prompt(*, saga: Saga, user: Any, prompt_id: Any, text: str, brain: str = "") -> PreparedPrompt:
+def prepare_prompt(
+    *, saga: Saga, user: Any, prompt_id: Any, text: str, brain: str = "", hooked: Collection[str] | None = None
+) -> PreparedPrompt:
     """Run SessionStart on the raw prompt, expand its references as `user` may see them (raising
     the kernel's `not_found` or `invalid_payload` as `expand_references` does), run UserPromptSubmit
     on the expanded prompt, and append the context both added. Hook handlers get `prompt` and
-    `prompt_id` in their event JSON."""
+    `prompt_id` in their event JSON; `hooked` as run_hooks() takes it."""
     base = {"prompt_id": str(prompt_id)}
     start = run_hooks(
         saga_id=saga.pk, event=Event.SESSION_START, payload={**base, "prompt": text},
-        key=hook_key(prompt_id, Event.SESSION_START), brain=brain,
+        key=hook_key(prompt_id, Event.SESSION_START), brain=brain, hooked=hooked,
     )  # fmt: skip
     if start.blocked:
         return blocked(text, start)
     expanded, needs_vision = expand_references(text=text, saga=saga, user=user)
     submit = run_hooks(
         saga_id=saga.pk, event=Event.USER_PROMPT_SUBMIT, payload={**base, "prompt": expanded},
-        key=hook_key(prompt_id, Event.USER_PROMPT_SUBMIT), brain=brain,
+        key=hook_key(prompt_id, Event.USER_PROMPT_SUBMIT), brain=brain, hooked=hooked,
     )  # fmt: skip
     if submit.blocked:
         return blocked(expanded, start, submit)

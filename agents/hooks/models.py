@@ -87,6 +87,15 @@ def handlers_for(event: Event | str, *, brain: str = "") -> list[HookHandler]:
     return [handler for (handler,) in fetch(_FOR_EVENT_SQL, [str(event), True, brain], HookHandler)]
 
 
+def handled_sql(event: Event | str, *, brain: str) -> str:
+    """An SQL expression for a statement that reads it with the rest it reads: whether `event` has
+    a trusted handler (as handlers_for() finds them) for the brain whose name is the column `brain`."""
+    return (
+        f"EXISTS (SELECT 1 FROM {HookHandler._meta.db_table} h WHERE h.event = '{Event(event).value}' "
+        f"AND h.trusted = TRUE AND (h.brain = '' OR h.brain = {brain}))"
+    )
+
+
 _FOR_EVENT_SQL = prepared(
     f"SELECT {columns(HookHandler, 'h')} FROM {HookHandler._meta.db_table} h "
     "WHERE h.event = %s AND h.trusted = %s AND (h.brain = '' OR h.brain = %s) ORDER BY h.brain, h.name"

@@ -6,7 +6,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -87,15 +87,20 @@ def run_hooks(
     key: str,
     brain: str = "",
     role: str = "",
+    hooked: Collection[str] | None = None,
 ) -> HookOutcome:
     """Run the trusted handlers of `event` (global ones and `brain`'s) whose matcher matches `role`,
     and return what they decided. Handlers already stored under (`saga_id`, `key`) are not run
     again: a call retried after a crash returns the stored outcomes and runs only the handlers that
     had not finished. Handlers get `payload` with `event`, `saga`, `key`, `brain` and `role` as one
-    JSON object. Never call it inside a transaction: it waits on processes and HTTP."""
+    JSON object. `hooked`: the events the caller read to have handlers for `brain` (with the rest
+    it read); an event not among them runs nothing and reads nothing. Never call it inside a
+    transaction: it waits on processes and HTTP."""
     if not (settings.AGORA_HOOKS_INLINE or current_task):
         raise HooksOutsideWorker("Hooks run in a Celery worker.")
     event = Event(event)
+    if hooked is not None and event not in hooked:
+        return HookOutcome(event=event, key=key)
     matching = [h for h in handlers_for(event, brain=brain) if matches(h, role)]
     if not matching:
         return HookOutcome(event=event, key=key)

@@ -89,6 +89,10 @@ class Prompt(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    # Not a column: the lifecycle events its brain has handlers for, when this copy was read with
+    # them (an orchestration step's: steps.read_prompts); None when not.
+    hooked_events: frozenset[str] | None = None
+
     class Meta:
         app_label = "agents"
         ordering = ["-created_at"]

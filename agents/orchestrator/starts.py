@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.hooks import Event, hook_key, run_hooks
-from agents.hooks.models import HookHandler
+from agents.hooks.models import handled_sql
 from agents.orchestrator.models import Brain, Prompt
 from config.sql import py_value
 
@@ -61,11 +61,8 @@ def pending_start(saga_id: Any, name: str, read: Sequence[Any]) -> Pending | Non
 # What pending_start() reads, in the statement that reads a worker's queued run (agents/executor.py:
 # every support worker's first task needs it, and a statement of its own would be one more round
 # trip): the prompt that the run's delegator (`d`, the run's delegation) leads, the name of its
-# brain, and whether that brain has a SubagentStart handler (as handlers_for() finds them).
-START_COLUMNS = (
-    f"sp.id, sp.plan, sp.expanded, sp.text, sb.name, EXISTS (SELECT 1 FROM {HookHandler._meta.db_table} h "
-    f"WHERE h.event = '{Event.SUBAGENT_START.value}' AND h.trusted = TRUE AND (h.brain = '' OR h.brain = sb.name))"
-)
+# brain, and whether that brain has a SubagentStart handler.
+START_COLUMNS = f"sp.id, sp.plan, sp.expanded, sp.text, sb.name, {handled_sql(Event.SUBAGENT_START, brain='sb.name')}"
 START_JOIN = (
     f"LEFT JOIN {Prompt._meta.db_table} sp ON sp.lead_id = d.delegator_id "
     f"LEFT JOIN {Brain._meta.db_table} sb ON sb.id = sp.brain_id"

@@ -30,7 +30,7 @@ from accounts.models import User
 from agents import references
 from agents.hooks import Event, PreparedPrompt, hook_key, prepare_prompt, run_hooks
 from agents.hooks.lifecycle import FEEDBACK_HEADING
-from agents.hooks.models import handlers_for
+from agents.hooks.models import handled_sql, handlers_for
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator import handoffs, plans, router
@@ -47,11 +47,13 @@ SUPPORT_EXPECTED = "A WorkerResult JSON object: progress, summary, artifacts, ri
 REVIEW_EXPECTED = "A review JSON object: decision, confidence, findings, required_changes, blocking_issues."
 
 
-# Prompts as a step reads them, with the brain, the saga, the lead and its user: written out (the
-# ORM's select_related costs more to build than to run).
+# Prompts as a step reads them, with the brain, the saga, the lead and its user, and which lifecycle
+# events the brain has handlers for (every step runs some, most often to find none): written out
+# (the ORM's select_related costs more to build than to run).
 _PROMPTS = (
     f"SELECT {columns(Prompt, 'p')}, {columns(Brain, 'b')}, {columns(Saga, 's')}, {columns(Collaborator, 'l')}, "
-    f"{columns(User, 'u')} FROM {Prompt._meta.db_table} p JOIN {Brain._meta.db_table} b ON b.id = p.brain_id "
+    f"{columns(User, 'u')}, {', '.join(handled_sql(event, brain='b.name') for event in Event)} "
+    f"FROM {Prompt._meta.db_table} p JOIN {Brain._meta.db_table} b ON b.id = p.brain_id "
     f"JOIN {Saga._meta.db_table} s ON s.id = p.saga_id LEFT JOIN {Collaborator._meta.db_table} l ON l.id = p.lead_id "
     f"LEFT JOIN {User._meta.db_table} u ON u.id = l.user_id "
 )
@@ -61,8 +63,9 @@ _RUNNING_PROMPTS_SQL = _PROMPTS + "WHERE p.saga_id = %s AND l.name = %s AND p.st
 
 def read_prompts(sql: str, params: list[Any]) -> list[Prompt]:
     found = []
-    for prompt, brain, saga, lead, user in fetch(sql, params, Prompt, Brain, Saga, Collaborator, User):
+    for prompt, brain, saga, lead, user, *handled in fetch(sql, params, Prompt, Brain, Saga, Collaborator, User):
         prompt.brain, prompt.saga, prompt.lead = brain, saga, lead
+        prompt.hooked_events = frozenset(event for event, yes in zip(Event, handled, strict=True) if yes)
         if lead is not None:
             lead.user = user
         found.append(prompt)
@@ -106,7 +109,12 @@ def route(prompt: Prompt, here: list[str]) -> bool:
         return False  # another task is routing (or running hooks); a lapsed lease (a killed worker) frees it
     try:
         prepared = prepare_prompt(
-            saga=prompt.saga, user=prompt.submitted_by, prompt_id=prompt.pk, text=prompt.text, brain=brain.name
+            saga=prompt.saga,
+            user=prompt.submitted_by,
+            prompt_id=prompt.pk,
+            text=prompt.text,
+            brain=brain.name,
+            hooked=prompt.hooked_events,
         )
     except (errors.NotFound, errors.InvalidPayload) as exc:
         # Checked at submission; an artifact deleted or a saga hidden since then ends it here.
@@ -293,8 +301,10 @@ def end_blocked(prompt: Prompt, prepared: PreparedPrompt) -> bool:
 
 
 def hooked(prompt: Prompt, event: Event) -> bool:
-    """Whether the event has handlers for this brain at all: one statement for every worker, rather
-    than one per worker when there are none."""
+    """Whether the event has handlers for this brain at all: asked once for every worker, rather
+    than once per worker when there are none (and read with the prompt by a step)."""
+    if prompt.hooked_events is not None:
+        return event in prompt.hooked_events
     return bool(handlers_for(event, brain=prompt.brain.name))
 
 
@@ -311,7 +321,7 @@ def subagent_stop(prompt: Prompt, done: list[tuple[dict[str, Any], "Outcome", di
             continue
         run_hooks(
             saga_id=prompt.saga_id, event=Event.SUBAGENT_STOP, brain=prompt.brain.name, role=worker["role"],
-            key=hook_key(prompt.pk, Event.SUBAGENT_STOP, worker["role"]),
+            key=hook_key(prompt.pk, Event.SUBAGENT_STOP, worker["role"]), hooked=prompt.hooked_events,
             payload={"prompt_id": str(prompt.pk), "result": result},
         )  # fmt: skip
 
@@ -320,7 +330,7 @@ def stop_feedback(prompt: Prompt, answer: str) -> str:
     """Stop, after the primary and the review: its context is appended to the answer as feedback."""
     outcome = run_hooks(
         saga_id=prompt.saga_id, event=Event.STOP, brain=prompt.brain.name, key=hook_key(prompt.pk, Event.STOP),
-        payload={"prompt_id": str(prompt.pk), "answer": answer},
+        payload={"prompt_id": str(prompt.pk), "answer": answer}, hooked=prompt.hooked_events,
     )  # fmt: skip
     return f"{answer}\n\n{FEEDBACK_HEADING}\n{outcome.context}" if outcome.context else answer
 

@@ -6,13 +6,19 @@ from pathlib import Path
 
 import pytest
 from django.conf import LazySettings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from accounts.models import User
-from agents.hooks import Event, hook_key, prepare_prompt
+from agents.actions import load_profiles
+from agents.hooks import Event, hook_key, prepare_prompt, run_hooks
 from agents.hooks.actions import load_hooks
+from agents.orchestrator import steps
+from agents.orchestrator.actions import load_brains, submit_prompt
 from sagas import actions
 from sagas.models import Saga
 from tests.agents.hooks_support import command
+from tests.agents.test_orchestrator import BRAIN_PROFILES, BRAINS
 
 pytestmark = pytest.mark.django_db
 
@@ -85,3 +91,28 @@ def test_a_user_prompt_submit_block_and_a_retry_that_runs_nothing_again(
     assert first.blocked and first.event == Event.USER_PROMPT_SUBMIT and first.reason == "No."
     assert again == first and count.read_text() == "ran\n"
     assert hook_key("p1", Event.SUBAGENT_START, "coder") == "prompt:p1:SubagentStart:coder"
+
+
+def test_a_step_reads_the_events_its_brain_has_handlers_for_with_the_prompt_and_asks_no_more(
+    saga: Saga, alice: User
+) -> None:
+    load_profiles(entries=json.loads(BRAIN_PROFILES.read_text()))
+    load_brains(entries=json.loads(BRAINS.read_text()))
+    load_hooks(
+        entries=[command("everyone", "Stop"), command("mine", "SubagentStop", brain="default"),
+                 command("theirs", "SessionStart", brain="elsewhere")]
+    )  # fmt: skip
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Write the changelog.")
+
+    read = steps.read_prompt(str(prompt.pk))
+
+    assert read is not None and read.hooked_events == {Event.STOP, Event.SUBAGENT_STOP}
+    assert steps.hooked(read, Event.SUBAGENT_STOP) and not steps.hooked(read, Event.SUBAGENT_START)
+    with CaptureQueriesContext(connection) as queries:
+        prepared = prepare_prompt(
+            saga=saga, user=alice, prompt_id=read.pk, text=read.text, brain="default", hooked=read.hooked_events
+        )
+    assert prepared.text == "Write the changelog." and not prepared.hooks[0].results
+    assert not [q["sql"] for q in queries.captured_queries if "agents_hook" in q["sql"]]
+    stop = run_hooks(saga_id=saga.pk, event=Event.STOP, payload={}, key="k", brain="default", hooked=read.hooked_events)
+    assert [r.handler for r in stop.results] == ["everyone"]
