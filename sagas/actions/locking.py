@@ -4,14 +4,14 @@ Every action starts by locking the saga row: all of a saga's writes already queu
 head, so taking that place in line first costs nothing and rules out lock-order deadlocks.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
 from django.db import connection, transaction
 
-from config.sql import db_value, defer
+from config.sql import db_value, defer, rows_later
 from sagas import errors
 from sagas.models import Saga
 
@@ -19,6 +19,7 @@ from sagas.models import Saga
 class HeldLock(NamedTuple):
     saga: Saga
     current: bool  # the copy's status is known to be the row's (see saga_transaction)
+    status: Callable[[], list[tuple[Any, ...]]] | None = None  # else the row's, as the lock read it
 
 
 # The saga whose row lock the current transaction holds, set by saga_transaction(): the actions
@@ -56,10 +57,13 @@ def lock_open_saga(saga_id: Any) -> Saga:
     if held is not None and held.saga is saga and not held.current:
         # The copy saga_transaction() was given may have been read before a finish that committed
         # ahead of this transaction (an orchestration step's copy, read before its router call).
-        with connection.cursor() as cursor:
-            cursor.execute(_STATUS_SQL, [db_value(Saga, "id", saga.pk)])
-            row = cursor.fetchone()
-        status = row[0] if row else status
+        if held.status is not None:
+            rows = held.status()
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute(_STATUS_SQL, [db_value(Saga, "id", saga.pk)])
+                rows = cursor.fetchall()
+        status = rows[0][0] if rows else status
     check_open(status)
     return saga
 
@@ -70,7 +74,7 @@ def check_open(status: str) -> None:
         raise errors.SagaFinished(f"The saga is {status}: it takes no new work.", saga_status=status)
 
 
-_LOCK_SQL = f"SELECT 1 FROM {Saga._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
+_LOCK_SQL = f"SELECT status FROM {Saga._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
 _STATUS_SQL = f"SELECT status FROM {Saga._meta.db_table} WHERE id = %s"
 
 
@@ -83,16 +87,20 @@ def saga_transaction(saga: Saga, *, current: bool = False) -> Iterator[Saga]:
     database's one write lock; elsewhere the row lock goes first, in one message with the
     transaction's first statement (config.sql.defer). The row's one column that changes, `status`,
     changes only in finish_saga(), which ends every run of the saga in the same transaction. So
-    lock_open_saga() reads the status again for the writes that start work, unless the caller says
-    its copy is `current`: a turn's transaction, which starts by proving its run's lease under this
+    lock_open_saga() reads the status again for the writes that start work (on PostgreSQL the lock
+    reads it, and the answer comes back with that first statement's), unless the caller says its
+    copy is `current`: a turn's transaction, which starts by proving its run's lease under this
     lock (take_turn, prove_lease) and rolls back whole if it cannot; a run that still holds its
     lease there belongs to a saga that was open when the lock was taken, and stays so until it is
     released.
     """
     with transaction.atomic():
-        if connection.vendor != "sqlite":
+        status = None
+        if connection.vendor != "sqlite" and current:
             defer(_LOCK_SQL, [saga.pk])
-        token = _held_lock.set(HeldLock(saga, current))
+        elif connection.vendor != "sqlite":
+            status = rows_later(_LOCK_SQL, [saga.pk])
+        token = _held_lock.set(HeldLock(saga, current, status))
         try:
             yield saga
         finally:

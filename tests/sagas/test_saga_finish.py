@@ -108,13 +108,15 @@ def test_a_caller_holding_a_copy_from_before_the_finish_is_refused_too(team: Tea
 
 def test_only_a_copy_not_known_current_has_its_status_read_again(team: Team) -> None:
     """A turn's transaction says its copy is current (it proves its run's lease under the lock,
-    and finishing the saga ends every run): the writes that start work read nothing more there."""
+    and finishing the saga ends every run): the writes that start work read nothing more there.
+    Another copy has the status read again: on PostgreSQL by the statement that takes the lock
+    (its answer comes back with it), elsewhere by one more read."""
     with CaptureQueriesContext(connection) as current, actions.saga_transaction(team.saga, current=True):
         lock_open_saga(team.saga.pk)
     with CaptureQueriesContext(connection) as other, actions.saga_transaction(team.saga):
         lock_open_saga(team.saga.pk)
     assert reads(current) == []
-    assert len(reads(other)) == 1
+    assert len(reads(other)) == (0 if connection.vendor == "postgresql" else 1)
 
 
 def test_the_dashboard_finishes_a_saga_without_javascript(team: Team, alice: User, bob: User) -> None:
