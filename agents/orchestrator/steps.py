@@ -47,15 +47,19 @@ SUPPORT_EXPECTED = "A WorkerResult JSON object: progress, summary, artifacts, ri
 REVIEW_EXPECTED = "A review JSON object: decision, confidence, findings, required_changes, blocking_issues."
 
 
-# Prompts as a step reads them, with the brain, the saga, the lead and its user, who submitted it,
-# and which lifecycle events the brain has handlers for (every step runs some, most often to find
-# none): written out (the ORM's select_related costs more to build than to run).
+# Prompts as a step reads them, with the brain, the saga, the lead with its user and its run (which
+# the last step ends), who submitted it, and which lifecycle events the brain has handlers for
+# (every step runs some, most often to find none): written out (the ORM's select_related costs
+# more to build than to run).
 _PROMPTS = (
     f"SELECT {columns(Prompt, 'p')}, {columns(Brain, 'b')}, {columns(Saga, 's')}, {columns(Collaborator, 'l')}, "
-    f"{columns(User, 'u')}, {columns(User, 'sb')}, {', '.join(handled_sql(event, brain='b.name') for event in Event)} "
+    f"{columns(User, 'u')}, {columns(Run, 'lr')}, {columns(User, 'sb')}, "
+    f"{', '.join(handled_sql(event, brain='b.name') for event in Event)} "
     f"FROM {Prompt._meta.db_table} p JOIN {Brain._meta.db_table} b ON b.id = p.brain_id "
     f"JOIN {Saga._meta.db_table} s ON s.id = p.saga_id LEFT JOIN {Collaborator._meta.db_table} l ON l.id = p.lead_id "
-    f"LEFT JOIN {User._meta.db_table} u ON u.id = l.user_id JOIN {User._meta.db_table} sb ON sb.id = p.submitted_by_id "
+    f"LEFT JOIN {User._meta.db_table} u ON u.id = l.user_id "
+    f"LEFT JOIN {Run._meta.db_table} lr ON lr.collaborator_id = l.id "
+    f"JOIN {User._meta.db_table} sb ON sb.id = p.submitted_by_id "
 )
 _PROMPT_SQL = _PROMPTS + "WHERE p.id = %s"
 _RUNNING_PROMPTS_SQL = _PROMPTS + "WHERE p.saga_id = %s AND l.name = %s AND p.status = %s"
@@ -63,12 +67,14 @@ _RUNNING_PROMPTS_SQL = _PROMPTS + "WHERE p.saga_id = %s AND l.name = %s AND p.st
 
 def read_prompts(sql: str, params: list[Any]) -> list[Prompt]:
     found = []
-    rows = fetch(sql, params, Prompt, Brain, Saga, Collaborator, User, User)
-    for prompt, brain, saga, lead, user, prompt.submitted_by, *handled in rows:
+    rows = fetch(sql, params, Prompt, Brain, Saga, Collaborator, User, Run, User)
+    for prompt, brain, saga, lead, user, run, prompt.submitted_by, *handled in rows:
         prompt.brain, prompt.saga, prompt.lead = brain, saga, lead
         prompt.hooked_events = frozenset(event for event, yes in zip(Event, handled, strict=True) if yes)
         if lead is not None:
             lead.user = user
+        if run is not None:
+            lead.run = run  # and run.collaborator = lead
         found.append(prompt)
     return found
 
@@ -497,8 +503,7 @@ def conclude(prompt: Prompt, status: str, *, reason: str = "") -> None:
     journal(prompt, f"prompt.{status}", {"status": status, "reason": reason, "answer": prompt.final_answer[:4000]})
     lead = prompt.lead
     if lead is not None:
-        run = Run.objects.get(collaborator=lead)
-        run.collaborator = lead
+        run = lead.run  # read with the prompt (its ending is a compare-and-set: a stale copy ends nothing twice)
         run_status = Run.Status.FAILED if status == Prompt.Status.FAILED else Run.Status.COMPLETED
         actions.finish_run(run=run, status=run_status, result={"prompt_id": str(prompt.pk), "status": status},
                            error=reason if run_status == Run.Status.FAILED else "")  # fmt: skip

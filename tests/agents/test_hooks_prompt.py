@@ -107,9 +107,10 @@ def test_a_step_reads_the_events_its_brain_has_handlers_for_with_the_prompt_and_
     read = steps.read_prompt(str(prompt.pk))
 
     assert read is not None and read.hooked_events == {Event.STOP, Event.SUBAGENT_STOP}
-    with CaptureQueriesContext(connection) as submitter:
+    with CaptureQueriesContext(connection) as with_it:
         assert read.submitted_by == alice  # read with it too: routing expands references as they may
-    assert not submitter.captured_queries
+        assert read.lead is not None and read.lead.run.collaborator_id == read.lead.pk  # the last step ends it
+    assert not with_it.captured_queries
     assert steps.hooked(read, Event.SUBAGENT_STOP) and not steps.hooked(read, Event.SUBAGENT_START)
     with CaptureQueriesContext(connection) as queries:
         prepared = prepare_prompt(
