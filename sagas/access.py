@@ -2,7 +2,7 @@
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -12,7 +12,7 @@ from django.db import DatabaseError, connection
 from django.db.models import F, Model, QuerySet
 from guardian.models import UserObjectPermission
 
-from config.sql import db_value, prepared
+from config.sql import db_value, prepared, rows_later
 from journal.models import JournalEvent
 from sagas.models import AgentRequest, Collaborator, Delegation, HumanRequest, Run, Saga
 
@@ -86,7 +86,17 @@ class SagaTree(Generic[N]):
     def shape(cls, saga: Saga) -> "SagaTree[Member]":
         with connection.cursor() as cursor:
             cursor.execute(_SHAPE_SQL, [db_value(Saga, "id", saga.pk)])
-            rows = cursor.fetchall()
+            return cls.shaped(saga, cursor.fetchall())
+
+    @classmethod
+    def shape_later(cls, saga: Saga) -> "Callable[[], SagaTree[Member]]":
+        """shape(), its statement sent with the next one (config.sql.rows_later): the tree when
+        called."""
+        rows = rows_later(_SHAPE_SQL, [db_value(Saga, "id", saga.pk)])
+        return lambda: cls.shaped(saga, rows())
+
+    @staticmethod
+    def shaped(saga: Saga, rows: Sequence[tuple[Any, ...]]) -> "SagaTree[Member]":
         return SagaTree(
             saga=saga,
             members={row[0]: Member(*row[:5]) for row in rows},

@@ -88,8 +88,11 @@ def add_agents(
     writes whose keys nothing here reads (delegations, runs, grants) go with the next statement
     (config.sql.defer). Returns each collaborator, in order, with its token (external agents only)."""
     saga = lock_open_saga(saga.pk)
+    # Read once: who acts, the parent, the names taken, the caps, the grants; sent with the
+    # profile names' read (one message on PostgreSQL).
+    tree_later = SagaTree.shape_later(saga)
     check_new_agents(agents)
-    tree = SagaTree.shape(saga)  # read once: who acts, the parent, the names taken, the caps, the grants
+    tree = tree_later()
     acting = next((c for c in tree.members.values() if c.user_id == by.pk), None)
     delegator = resolve_parent(tree, parent, by=by, acting=acting)
     names = [agent.name for agent in agents]

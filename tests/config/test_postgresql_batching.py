@@ -269,6 +269,9 @@ def test_a_delegation_sends_its_run_and_its_grants_with_the_commit(alice: User) 
     assert not any(insert in m for m in messages[:-1] for insert in later)
     assert Run.objects.filter(collaborator=helper, status=Run.Status.QUEUED).exists()
     assert helper.delegation.pk == Delegation.objects.get(delegate=helper).pk
+    # The saga's tree is read in the message that reads the profile names the delegation checks.
+    (both,) = [m for m in messages if "FROM agents_agentprofile WHERE name IN" in m]
+    assert "FROM sagas_collaborator c LEFT JOIN sagas_run" in both, messages
     assert helper.user.has_perm("sagas.view_saga", lead.saga)
 
 
