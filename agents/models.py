@@ -2,7 +2,7 @@ from django.db import connection, models
 
 # Hook handlers and their stored results live in the hooks package; Django finds them through this module.
 from agents.hooks.models import HookHandler, HookResult  # noqa: F401
-from config.sql import placeholders, prepared
+from config.sql import columns, fetch_one, placeholders, prepared
 
 
 class AgentProfile(models.Model):
@@ -52,6 +52,16 @@ def missing_profiles(names: set[str]) -> set[str]:
 
 
 _PROFILE_NAMES_SQL = f"SELECT name FROM {AgentProfile._meta.db_table} WHERE name IN ({{ids}})"
+
+
+def profile_named(name: str) -> AgentProfile | None:
+    """One profile by name, with a written-out statement: the routing step reads its planner's,
+    the collecting step its primary's."""
+    row = fetch_one(_PROFILE_SQL, [name], AgentProfile)
+    return row[0] if row else None
+
+
+_PROFILE_SQL = prepared(f"SELECT {columns(AgentProfile, 'p')} FROM {AgentProfile._meta.db_table} p WHERE p.name = %s")
 
 
 def tokens_used(run_ids: list[str]) -> dict[str, int]:

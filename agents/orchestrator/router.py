@@ -5,9 +5,8 @@ Outside any transaction; a routing step that runs again simply asks again."""
 import time
 from typing import Any
 
-from agents.models import AgentProfile
+from agents.models import AgentProfile, profile_named
 from agents.providers import ProviderError, provider_for
-from config.sql import columns, fetch_one, prepared
 from journal.actions import record
 
 VISION = "vision"
@@ -24,14 +23,9 @@ def vision_roles(roles: dict[str, str]) -> set[str]:
     }
 
 
-# The planner profile, written out: every routing step reads it.
-_PROFILE_SQL = prepared(f"SELECT {columns(AgentProfile, 'p')} FROM {AgentProfile._meta.db_table} p WHERE p.name = %s")
-
-
 def ask_router(*, profile_name: str, text: str, saga_id: Any, actor: str, needs_vision: bool) -> tuple[str | None, str]:
     """(the router's text, "") or (None, why there is none)."""
-    row = fetch_one(_PROFILE_SQL, [profile_name], AgentProfile)
-    profile = row[0] if row else None
+    profile = profile_named(profile_name)
     if profile is None:
         return None, f"no planner profile {profile_name!r}"
     messages = [

@@ -32,10 +32,10 @@ from agents.hooks import Event, PreparedPrompt, hook_key, prepare_prompt, run_ho
 from agents.hooks.lifecycle import FEEDBACK_HEADING
 from agents.hooks.models import handled_sql, handlers_for
 from agents.mcp import runtime as mcp
-from agents.models import AgentProfile, TranscriptEntry
+from agents.models import TranscriptEntry, profile_named
 from agents.orchestrator import handoffs, plans, router
 from agents.orchestrator.models import Brain, Prompt
-from config.sql import columns, db_value, fetch, placeholders, prepared, py_value, update
+from config.sql import columns, db_value, fetch, placeholders, prepared, update
 from journal.actions import record
 from sagas import actions, errors
 from sagas.models import Collaborator, Run, Saga
@@ -265,14 +265,8 @@ def primary_mcp(prompt: Prompt) -> dict[str, dict[str, Any]]:
     connect to them through the executor (the check's connections are closed at once: those turns
     may run on another worker); a server that did not answer here is tried again by them."""
     role = (prompt.plan or {}).get("primary_role", "")
-    with connection.cursor() as cursor:
-        cursor.execute(_MCP_SERVERS_SQL, [prompt.brain.roles.get(role, "")])
-        row = cursor.fetchone()
-    servers = py_value(AgentProfile, "mcp_servers", row[0]) if row else None
-    return mcp.check_servers(f"prompt-{prompt.pk}", list(servers or []))
-
-
-_MCP_SERVERS_SQL = prepared(f"SELECT mcp_servers FROM {AgentProfile._meta.db_table} WHERE name = %s")
+    profile = profile_named(prompt.brain.roles.get(role, ""))
+    return mcp.check_servers(f"prompt-{prompt.pk}", list(profile.mcp_servers) if profile else [])
 
 
 def claim_routing(prompt: Prompt) -> bool:
@@ -328,7 +322,7 @@ def subagent_stop(prompt: Prompt, done: list[tuple[dict[str, Any], "Outcome", di
             continue
         run_hooks(
             saga_id=prompt.saga_id, event=Event.SUBAGENT_STOP, brain=prompt.brain.name, role=worker["role"],
-            key=hook_key(prompt.pk, Event.SUBAGENT_STOP, worker["role"]), hooked=prompt.hooked_events,
+            key=hook_key(prompt.pk, Event.SUBAGENT_STOP, worker["role"]),
             payload={"prompt_id": str(prompt.pk), "result": result},
         )  # fmt: skip
 

@@ -74,8 +74,8 @@ def check_open(status: str) -> None:
         raise errors.SagaFinished(f"The saga is {status}: it takes no new work.", saga_status=status)
 
 
-_LOCK_SQL = f"SELECT status FROM {Saga._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
 _STATUS_SQL = f"SELECT status FROM {Saga._meta.db_table} WHERE id = %s"
+_LOCK_SQL = f"{_STATUS_SQL} FOR NO KEY UPDATE"
 
 
 @contextmanager
@@ -96,10 +96,11 @@ def saga_transaction(saga: Saga, *, current: bool = False) -> Iterator[Saga]:
     """
     with transaction.atomic():
         status = None
-        if connection.vendor != "sqlite" and current:
-            defer(_LOCK_SQL, [saga.pk])
-        elif connection.vendor != "sqlite":
-            status = rows_later(_LOCK_SQL, [saga.pk])
+        if connection.vendor != "sqlite":
+            if current:
+                defer(_LOCK_SQL, [saga.pk])
+            else:
+                status = rows_later(_LOCK_SQL, [saga.pk])
         token = _held_lock.set(HeldLock(saga, current, status))
         try:
             yield saga
