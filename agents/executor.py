@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -68,8 +68,8 @@ class Heartbeat(threading.Thread):
             time.sleep(settings.AGORA_LEASE_S / 3)
             with self.lock:
                 beating = list(self.beating.values())
-            # A renewal that finds no row (the turn not claimed yet, or taken over: its next write
-            # finds out, LostTurn) changes nothing; the task removes its turns when it ends.
+            # A renewal that finds no row (the turn taken over: its next write finds out,
+            # LostTurn) changes nothing; the task removes its turns when it ends.
             for turns in beating:
                 try:
                     actions.renew_lease(run_id=turns.run.pk, turn=turns.turn)
@@ -95,33 +95,37 @@ def heartbeat() -> Heartbeat:
 def run_turn(run_id: str, *, worker: str = "") -> None:
     """The turns of one run; `worker` is this worker's node name, recorded on the run and in the
     journal so that operators can tell which host ran what."""
-    row = actions.fetch_queued_run(_QUEUED_RUN_SQL, run_id, AgentProfile)
-    if row is None:
-        return  # a redelivered doorbell, or another worker holds the run
-    run, agent_profile, *first = row
-    turns = Turns(run, agent_profile, first, worker=worker)
-    heartbeat().add(turns)
+    turns: Turns | None = None
     here: list[str] = []
     try:
-        turns.execute()
+        with actions.claimed_run(_CLAIMED_RUN_SQL, run_id, AgentProfile, worker=worker) as claimed:
+            if claimed is None:
+                return  # a redelivered doorbell, or another worker holds the run
+            turns = Turns(claimed, worker=worker)
+            heartbeat().add(turns)
+            go_on = turns.start()
+        turns.execute(go_on)
         keep_transcript(turns.transcript, turn=turns.turn)
         if is_brain_worker(turns.collaborator.name):  # its orchestration may be ready to move on
             here = ring_orchestrator(turns.saga_id, turns.collaborator.name)
     except LostTurn:
-        logger.info("run %s: turn %s is another worker's; stopping", run.pk, turns.turn)
+        assert turns is not None
+        logger.info("run %s: turn %s is another worker's; stopping", run_id, turns.turn)
     finally:
-        heartbeat().remove(turns)
-        turns.mcp.release(still_active=turns.still_active)
+        if turns is not None:
+            heartbeat().remove(turns)
+            turns.mcp.release(still_active=turns.still_active)
         if connection.errors_occurred:  # the next task starts on a fresh connection
             connection.close()
     for next_run in here:  # the orchestration's next worker (the primary, the reviewer): in this task
         run_turn(next_run, worker=worker)
 
 
-# The run a task starts on, in one statement: the kernel's read of a queued run joined to what the
-# runtime needs of its own: the run's agent profile, then for a first turn who delegated its task
-# (the handoff names them: kind, name) and a prompt's support worker's SubagentStart (starts.py).
-_QUEUED_RUN_SQL = actions.queued_run_sql(
+# The run a task starts on, in one statement, sent with its claim: the kernel's read of a claimed run
+# joined to what the runtime needs of its own: the run's agent profile, then for a first turn who
+# delegated its task (the handoff names them: kind, name) and a prompt's support worker's
+# SubagentStart (starts.py).
+_CLAIMED_RUN_SQL = actions.claimed_run_sql(
     also=f"{columns(AgentProfile, 'p')}, dc.kind, dc.name, {starts.START_COLUMNS}",
     join=(
         f"LEFT JOIN {AgentProfile._meta.db_table} p ON p.name = c.profile "
@@ -141,32 +145,40 @@ class Turns:
     A run with more to do keeps its worker for up to `AGORA_TURN_SLICE_S`, then goes back in line.
     """
 
-    def __init__(self, run: Run, profile: AgentProfile | None, first: Sequence[Any], *, worker: str = "") -> None:
-        """`first`: the rest of what _QUEUED_RUN_SQL read with the run, for its first turn."""
-        self.run = run
+    def __init__(self, claimed: "actions.Claimed", *, worker: str = "") -> None:
+        """`claimed`: the run as _CLAIMED_RUN_SQL read it with its claim, and what it read with it."""
+        self.run = run = claimed.run
         self.worker = worker
         self.collaborator = run.collaborator
         self.saga_id = self.collaborator.saga_id
-        self.turn = run.turn + 1  # once claimed
-        self.profile = profile  # None: the turn fails the run (begin())
+        self.turn = run.turn  # as claimed
         self.slice_ends = time.monotonic() + settings.AGORA_TURN_SLICE_S
         # Read once the run is claimed: while this task holds its lease nobody else writes it.
         self.transcript = Transcript(run.pk)
-        self.mcp = mcp.RunTools(run.pk, self.profile.mcp_servers if self.profile else [])
         self.outside: dict[str, Any] | None = None  # an MCP call to make outside any transaction
         self.context = ""  # what a prompt's SubagentStart hooks added to this worker's task
-        kind, name, *self.start = first
+        self.pending: starts.Pending | None = None  # those hooks, to run after the claim's commit
+        profile, kind, name, *self.start_read = claimed.also
+        self.profile: AgentProfile | None = profile  # None: the turn fails the run (begin())
+        self.mcp = mcp.RunTools(run.pk, profile.mcp_servers if profile else [])
         self.delegator = f"{kind}:{name}" if kind else ""  # who handed this run its task, if someone did
 
     # --- the shape of a turn ----------------------------------------------------------------
 
-    def execute(self) -> None:
-        with self.transaction(claim=True):
-            self.transcript = take_transcript(self.run.pk, turn=self.turn - 1)
-            pending = self.pending_start()
-            go_on = pending is not None or self.begin()
-        if pending is not None:
-            go_on = self.start_hooks(pending)
+    def start(self) -> bool:
+        """The claimed turn's start, in the claim's transaction: its transcript, then its input, or
+        for a prompt's support worker with SubagentStart hooks nothing more (they run after the
+        commit: execute()). False when the turn ended here."""
+        self.transcript = take_transcript(self.run.pk, turn=self.turn - 1)
+        self.pending = self.pending_start()
+        go_on = self.pending is not None or self.begin()
+        self.transcript.save()
+        return go_on
+
+    def execute(self, go_on: bool) -> None:
+        """The turns after start(), each model call outside any transaction."""
+        if self.pending is not None:
+            go_on = self.start_hooks(self.pending)
         while go_on:
             if self.outside is not None:
                 go_on = self.call_outside()
@@ -179,7 +191,7 @@ class Turns:
         """A prompt's support worker before its first input: the SubagentStart hooks it must run."""
         if self.transcript.messages or not is_brain_worker(self.collaborator.name):
             return None
-        return starts.pending_start(self.saga_id, self.collaborator.name, self.start)
+        return starts.pending_start(self.saga_id, self.collaborator.name, self.start_read)
 
     def start_hooks(self, pending: "starts.Pending") -> bool:
         """Its SubagentStart hooks, before its first model call and outside any transaction (the
@@ -194,22 +206,19 @@ class Turns:
             return self.begin()
 
     @contextmanager
-    def transaction(self, *, claim: bool = False) -> Iterator[None]:
-        """One of the turns' transactions: under the saga's lock (taken first, as by every kernel
-        write: one lock order, no deadlocks), first the claim or a renewal of the lease, which
+    def transaction(self) -> Iterator[None]:
+        """One of the turns' transactions after the claim's: under the saga's lock (taken first, as
+        by every kernel write: one lock order, no deadlocks), first a renewal of the lease, which
         proves this task holds the turn, and last the new transcript entries. That proof is also
         what makes the saga's copy `current` (saga_transaction): its status is not read again. The
-        claim's or the renewal's answer is read last, before the commit: nothing waits for it in
-        between, and a turn that another worker claimed or took over rolls back whole."""
+        renewal's answer is read last, before the commit: nothing waits for it in between, and a
+        turn that another worker took over rolls back whole."""
         with actions.saga_transaction(self.collaborator.saga, current=True):
-            if claim:
-                held = actions.take_turn_later(self.run, worker=self.worker)
-            else:
-                held = actions.prove_lease(run_id=self.run.pk, turn=self.turn)
-            yield
+            held = actions.prove_lease(run_id=self.run.pk, turn=self.turn)
+            with actions.unread_ahead(self.collaborator.pk, actions.read_ahead(self.run.pk)):
+                yield
             if not held():
-                if not claim:  # a claim that fails never held the turn
-                    metrics.turn_ended("lost")
+                metrics.turn_ended("lost")
                 raise LostTurn
             self.transcript.save()
 
@@ -362,10 +371,7 @@ class Turns:
         else:
             result = actions.outcome(request)
             count_round_trip(request, at=timezone.now())
-            # The reply was given as this call's result; it is not rendered again from steering.
-            SteeringItem.objects.filter(recipient=self.collaborator, request=request, consumed_at__isnull=True).update(
-                consumed_turn=self.turn, consumed_at=request.updated_at
-            )
+            actions.consume_reply(recipient=self.collaborator, request=request, turn=self.turn)
         self.transcript.append(self.turn, [tool_message(run.wait_tool_call_id, result)])
         Run.objects.filter(pk=run.pk).update(waiting_on=None, wait_tool_call_id="")
         self.run.waiting_on_id = None

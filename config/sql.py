@@ -94,15 +94,25 @@ def fetch(sql: str, params: Sequence[Any], *shape: type[models.Model], plain: in
     instance per model; None for a model an outer join found no row of (a NULL primary key). With
     `plain`, the select list starts with that many other values, which lead each row as read; the
     values after the models' columns, if any, end it as read."""
+    with db().cursor() as cursor:
+        cursor.execute(Statement(sql), params)
+        return loaded(cursor.fetchall(), shape, plain)
+
+
+def fetch_later(sql: str, params: Sequence[Any], *shape: type[models.Model]) -> Callable[[], list[list[Any]]]:
+    """fetch() deferred as rows_later() defers: the rows are loaded when asked for."""
+    rows = rows_later(sql, params)
+    return lambda: loaded(rows(), shape)
+
+
+def loaded(rows: Sequence[Sequence[Any]], shape: Sequence[type[models.Model]], plain: int = 0) -> list[list[Any]]:
+    """The rows of a fetch() statement, loaded as fetch() loads them."""
     spans, start = [], plain
     for model in shape:
         fields = model._meta.concrete_fields
         spans.append((model, start, start + len(fields), start + fields.index(model._meta.pk)))
         start += len(fields)
     conn = db()
-    with conn.cursor() as cursor:
-        cursor.execute(Statement(sql), params)
-        rows = cursor.fetchall()
     return [
         [
             *row[:plain],

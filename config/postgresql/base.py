@@ -183,7 +183,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             if prepare:
                 # The prepared statements are lookups by key: one generic plan, made at the first
                 # EXECUTE, serves them all. By default the server would plan each one's first five
-                # executions again on every new connection (the join that reads a queued run takes
+                # executions again on every new connection (the join that reads a claimed run takes
                 # it a few milliseconds each time), and plan afresh forever one whose generic plan
                 # it happens to estimate dearer.
                 params["options"] = f"{params.get('options', '')} -c plan_cache_mode=force_generic_plan".lstrip()

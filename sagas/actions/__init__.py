@@ -34,21 +34,19 @@ from sagas.actions.requests import (
     reply_to_request,
 )
 from sagas.actions.runs import (
+    Claimed,
     claim_turn,
+    claimed_run,
+    claimed_run_sql,
     end_turn,
-    fetch_queued_run,
     finish_run,
     park_on_request,
     prove_lease,
-    queued_run,
-    queued_run_sql,
     reclaim_lapsed_turn,
     renew_lease,
     set_external_status,
-    take_turn,
-    take_turn_later,
 )
-from sagas.actions.steering import consume_steering, steer
+from sagas.actions.steering import consume_reply, consume_steering, read_ahead, steer, unread_ahead
 from sagas.actions.teams import (
     broadcast,
     configure_team,
@@ -67,6 +65,7 @@ from sagas.actions.teams import (
 from sagas.actions.tokens import revoke_agent_token, rotate_agent_token
 
 __all__ = [
+    "Claimed",
     "NewAgent",
     "add_agent",
     "add_agents",
@@ -81,7 +80,10 @@ __all__ = [
     "cancel_request",
     "claim_remote_step",
     "claim_turn",
+    "claimed_run",
+    "claimed_run_sql",
     "configure_team",
+    "consume_reply",
     "consume_steering",
     "create_saga",
     "due_expiry_ids",
@@ -90,7 +92,6 @@ __all__ = [
     "end_turn",
     "end_wait",
     "expire_request",
-    "fetch_queued_run",
     "find_collaborator",
     "find_teammate",
     "finish_run",
@@ -103,8 +104,7 @@ __all__ = [
     "park_on_remote",
     "park_on_request",
     "prove_lease",
-    "queued_run",
-    "queued_run_sql",
+    "read_ahead",
     "reclaim_lapsed_turn",
     "record_attempts",
     "remote_agents_of",
@@ -126,10 +126,9 @@ __all__ = [
     "spawn_teammate",
     "steer",
     "stop_over_budget",
-    "take_turn",
-    "take_turn_later",
     "team_of",
     "time_out_remote_call",
+    "unread_ahead",
     "visible_human_request",
     "visible_team",
 ]

@@ -90,7 +90,7 @@ def saga_transaction(saga: Saga, *, current: bool = False) -> Iterator[Saga]:
     lock_open_saga() reads the status again for the writes that start work (on PostgreSQL the lock
     reads it, and the answer comes back with that first statement's), unless the caller says its
     copy is `current`: a turn's transaction, which starts by proving its run's lease under this
-    lock (take_turn, prove_lease) and rolls back whole if it cannot; a run that still holds its
+    lock (claimed_run, prove_lease) and rolls back whole if it cannot; a run that still holds its
     lease there belongs to a saga that was open when the lock was taken, and stays so until it is
     released.
     """
@@ -101,8 +101,16 @@ def saga_transaction(saga: Saga, *, current: bool = False) -> Iterator[Saga]:
                 defer(_LOCK_SQL, [saga.pk])
             else:
                 status = rows_later(_LOCK_SQL, [saga.pk])
-        token = _held_lock.set(HeldLock(saga, current, status))
-        try:
+        with holding(saga, current=current, status=status):
             yield saga
-        finally:
-            _held_lock.reset(token)
+
+
+@contextmanager
+def holding(saga: Saga, *, current: bool, status: Callable[[], list[tuple[Any, ...]]] | None = None) -> Iterator[Saga]:
+    """Inside a transaction that has taken the saga's lock: the actions called meanwhile find it
+    held (lock_saga(), held_saga()); `current` and `status` as in saga_transaction()."""
+    token = _held_lock.set(HeldLock(saga, current, status))
+    try:
+        yield saga
+    finally:
+        _held_lock.reset(token)

@@ -1,9 +1,10 @@
 """Runs and leases: the state machine of an agent's run, the turns the runtime drives through it
 (claim, lease, park, end), and its terminal transition."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import models, transaction
@@ -13,8 +14,9 @@ from accounts.models import User
 from config.sql import columns, db, db_value, defer, fetch, fetch_one, found_later, placeholders, prepared, update
 from journal.actions import record
 from sagas import errors
-from sagas.actions.locking import lock_open_saga, lock_saga, saga_transaction
+from sagas.actions.locking import holding, lock_open_saga, lock_saga
 from sagas.actions.requests import Status, close_request, settle
+from sagas.actions.steering import read_ahead, unread_ahead
 from sagas.models import AgentRequest, Collaborator, Delegation, RemoteCall, Run, Saga, SteeringItem
 from sagas.wakeups import ring_run_after_commit
 
@@ -110,79 +112,73 @@ def lease_deadline() -> Any:
     return timezone.now() + timedelta(seconds=settings.AGORA_LEASE_S)
 
 
-def queued_run(run_id: str) -> Run | None:
-    """The run, with what a turn needs of it (its collaborator, saga and user), if it is queued."""
-    row = fetch_queued_run(_QUEUED_RUN_SQL, run_id)
-    return None if row is None else row[0]
-
-
-def queued_run_sql(*, also: str = "", join: str = "") -> str:
-    """The read of a queued run (`r`) with its collaborator (`c`), saga and user. The runtime adds
-    what it needs of its own for the run's next task (`also`: more columns, from tables it `join`s),
-    in the same statement."""
+def claimed_run_sql(*, also: str = "", join: str = "") -> str:
+    """The read of a run (`r`) with its collaborator (`c`), saga and user, for claimed_run(). The
+    runtime adds what it needs of its own for the run's next task (`also`: more columns, from
+    tables it `join`s), in the same statement."""
     return (
         f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')}, {columns(Saga, 's')}, {columns(User, 'u')}"
         + (f", {also} " if also else " ")
         + f"FROM {Run._meta.db_table} r JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id "
         f"JOIN {Saga._meta.db_table} s ON s.id = c.saga_id JOIN {User._meta.db_table} u ON u.id = c.user_id "
         + (f"{join} " if join else "")
-        + "WHERE r.id = %s AND r.status = %s"
+        + "WHERE r.id = %s"
     )
 
 
-def fetch_queued_run(sql: str, run_id: str, *also: type[models.Model]) -> list[Any] | None:
-    """Run a queued_run_sql() statement: the run, loaded as queued_run() loads it, then an instance
-    of each model of `also` (None where an outer join found none), then the values of the columns
-    after theirs, as read; None if the run is not queued."""
-    row = fetch_one(sql, [run_id, Run.Status.QUEUED.value], Run, Collaborator, Saga, User, *also)
-    if row is None:
-        return None
-    run, collaborator, collaborator.saga, collaborator.user, *more = row
-    run.collaborator = collaborator
-    return [run, *more]
+class Claimed(NamedTuple):
+    """A claimed run, as claimed_run() read it with its claim."""
+
+    run: Run  # with its collaborator, saga and user
+    also: list[Any]  # an instance of each model of `also` (None where an outer join found none), then
+    # the values of the columns after theirs, as read
 
 
-_QUEUED_RUN_SQL = queued_run_sql()
-
-
-def take_turn(run: Run, *, worker: str = "") -> bool:
-    """In the caller's saga transaction: compare-and-set the queued run, as loaded, to running with
-    the next turn number and a fresh lease, held by `worker` (a Celery node name); the object
-    follows. False: a redelivered doorbell, or another worker got it (which rang its own doorbell
-    for anything after)."""
-    return take_turn_later(run, worker=worker)()
-
-
-def take_turn_later(run: Run, *, worker: str = "") -> Callable[[], bool]:
-    """take_turn() for a transaction that goes on without waiting for its answer, as prove_lease()
-    does: the claim goes with the transaction's next statement, the object follows at once, and the
-    answer, called before the commit, says whether this task got the turn; on False the caller
-    rolls back everything the transaction did since (the claim takes the run's row lock first, so
-    a True holds to the commit)."""
-    lease_until, now = lease_deadline(), timezone.now()
+@contextmanager
+def claimed_run(sql: str, run_id: str, *also: type[models.Model], worker: str = "") -> Iterator[Claimed | None]:
+    """Claim a queued run's next turn, in a transaction under its saga's lock that lasts as long as
+    the caller's block (the actions run in it find the lock held, and the saga's copy current, as
+    in saga_transaction(current=True)): the run becomes `running` with the next turn number and a
+    fresh lease, held by `worker` (a Celery node name). One message on PostgreSQL: the saga's
+    lock, found from the run; the compare-and-set; the read of the claimed run (a
+    claimed_run_sql() statement); its unread steering, which the turn's input takes
+    (unread_ahead()). None, and nothing written: a redelivered
+    doorbell, or another worker holds the run (and rang its own doorbell for anything after)."""
     params = [
-        Run.Status.RUNNING.value, run.turn + 1, db_value(Run, "lease_until", lease_until),
-        db_value(Run, "updated_at", now), worker, run.pk, Run.Status.QUEUED.value, run.turn,
+        Run.Status.RUNNING.value, db_value(Run, "lease_until", lease_deadline()),
+        db_value(Run, "updated_at", timezone.now()), worker, run_id, Run.Status.QUEUED.value,
     ]  # fmt: skip
-    claimed = found_later(_CLAIM_SQL, params)
-    run.status, run.turn, run.lease_until, run.updated_at = Run.Status.RUNNING, run.turn + 1, lease_until, now
-    run.worker = worker
-    return claimed
+    with transaction.atomic():
+        if db().vendor != "sqlite":  # where BEGIN IMMEDIATE has taken the one write lock already
+            defer(_LOCK_RUNS_SAGA_SQL, [run_id])
+        claimed = found_later(_CLAIM_SQL, params)
+        unread = read_ahead(run_id)
+        row = fetch_one(sql, [run_id], Run, Collaborator, Saga, User, *also)
+        if row is None or not claimed():
+            transaction.set_rollback(True)  # the lock, taken for nothing
+            yield None
+            return
+        run, collaborator, collaborator.saga, collaborator.user, *more = row
+        run.collaborator = collaborator
+        with holding(collaborator.saga, current=True), unread_ahead(collaborator.pk, unread):
+            yield Claimed(run, more)
 
 
-_CLAIM_SQL = prepared(
-    f"UPDATE {Run._meta.db_table} SET status = %s, turn = %s, lease_until = %s, updated_at = %s, worker = %s "
-    "WHERE id = %s AND status = %s AND turn = %s RETURNING id"
+_LOCK_RUNS_SAGA_SQL = prepared(
+    f"SELECT s.status FROM {Saga._meta.db_table} s WHERE s.id = (SELECT c.saga_id FROM {Run._meta.db_table} r "
+    f"JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id WHERE r.id = %s) FOR NO KEY UPDATE"
 )
+_CLAIM_SQL = prepared(
+    f"UPDATE {Run._meta.db_table} SET status = %s, turn = turn + 1, lease_until = %s, updated_at = %s, worker = %s "
+    "WHERE id = %s AND status = %s RETURNING id"
+)
+_CLAIMED_RUN_SQL = claimed_run_sql()
 
 
 def claim_turn(*, run_id: str, worker: str = "") -> Run | None:
-    """take_turn() in a transaction of its own; None when the run was not claimed."""
-    run = queued_run(run_id)
-    if run is None:
-        return None
-    with saga_transaction(run.collaborator.saga):
-        return run if take_turn(run, worker=worker) else None
+    """claimed_run() in a transaction of its own: the claimed run, or None."""
+    with claimed_run(_CLAIMED_RUN_SQL, run_id, worker=worker) as claimed:
+        return None if claimed is None else claimed.run
 
 
 @transaction.atomic

@@ -1,5 +1,8 @@
 """Steering: each collaborator's durable inbound queue, drained at turn boundaries."""
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from django.conf import settings
@@ -7,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db, defer, fetch, flush, placeholders, prepared, rows_later, update
+from config.sql import columns, db, defer, fetch, fetch_later, flush, placeholders, prepared, rows_later, update
 from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
@@ -17,6 +20,10 @@ from sagas.actions.payloads import check_payload
 from sagas.metrics import count_round_trips
 from sagas.models import AgentRequest, Broadcast, Collaborator, HumanRequest, Run, Saga, SteeringItem
 from sagas.wakeups import publish_after_commit, ring_run, ring_run_after_commit, steering_channel
+
+Unread = Callable[[], list[list[Any]]]  # a recipient's unread steering, read ahead: read_ahead()
+# The recipient whose unread steering the current transaction has read ahead, and what it read.
+_ahead: ContextVar[tuple[Any, Unread] | None] = ContextVar("unread_ahead", default=None)
 
 # Every request and reply goes through push_steering(): plain statements. The first takes the
 # recipient's next seq; nothing waits for its answer, the insert reads it back (on PostgreSQL both go
@@ -56,6 +63,7 @@ def push_steering(
     conn = db()
     fields = [SteeringItem._meta.get_field(name) for name in _PUSHED]
     params = [f.get_db_prep_save(f.pre_save(item, True), conn) for f in fields]  # type: ignore[union-attr]
+    steering_written(recipient.pk)
     defer(_NEXT_STEERING_SEQ_SQL, [recipient.pk])
 
     def pushed(rows: list[tuple[Any, ...]]) -> None:
@@ -114,11 +122,17 @@ def consume_steering(
     """Mark the recipient's unread items (up to `upto_seq`) consumed, by `turn` for internal runs.
 
     Called in the transaction that records the turn's input, so a crash before it leaves them
-    unread. Requests among them become `delivered`.
+    unread. Requests among them become `delivered`. The items read ahead for the recipient
+    (unread_ahead()) serve in place of a read of its own.
     """
     lock_saga(recipient.saga_id)
-    upto, params = ("", [recipient.pk]) if upto_seq is None else (" AND i.seq <= %s", [recipient.pk, upto_seq])
-    rows = fetch(_UNREAD_SQL.format(upto=upto), params, SteeringItem, AgentRequest)
+    ahead = _ahead.get()
+    if upto_seq is None and ahead is not None and ahead[0] == recipient.pk:
+        _ahead.set(None)  # consumed now: a second call reads what came since
+        rows = ahead[1]()
+    else:
+        upto, params = ("", [recipient.pk]) if upto_seq is None else (" AND i.seq <= %s", [recipient.pk, upto_seq])
+        rows = fetch(_UNREAD_SQL.format(upto=upto), params, SteeringItem, AgentRequest)
     if not rows:
         return []
     for item, request in rows:
@@ -144,10 +158,53 @@ def consume_steering(
     return consumed
 
 
-_UNREAD_SQL = (
+_UNREAD_FROM = (
     f"SELECT {columns(SteeringItem, 'i')}, {columns(AgentRequest, 'q')} FROM {SteeringItem._meta.db_table} i "
     f"LEFT JOIN {AgentRequest._meta.db_table} q ON q.id = i.request_id "
-    "WHERE i.recipient_id = %s AND i.consumed_at IS NULL{upto} ORDER BY i.seq"
+)
+_UNREAD_SQL = _UNREAD_FROM + "WHERE i.recipient_id = %s AND i.consumed_at IS NULL{upto} ORDER BY i.seq"
+
+
+def consume_reply(*, recipient: Collaborator, request: AgentRequest, turn: int) -> None:
+    """The reply to a request its sender waited on, given to it as its tool call's result: the
+    reply's steering item is consumed with it, by `turn`, and not rendered again."""
+    steering_written(recipient.pk)
+    SteeringItem.objects.filter(recipient=recipient, request=request, consumed_at__isnull=True).update(
+        consumed_turn=turn, consumed_at=request.updated_at
+    )
+
+
+def read_ahead(run_id: str) -> Unread | None:
+    """The unread steering of a run's collaborator, read with the transaction's next statement
+    (config.sql.defer), for unread_ahead(): at the start of a transaction of its turn, where the
+    read then costs no round trip of its own. None on SQLite, where no statement does."""
+    if db().vendor == "sqlite":
+        return None
+    return fetch_later(_UNREAD_OF_RUN_SQL, [run_id], SteeringItem, AgentRequest)
+
+
+@contextmanager
+def unread_ahead(recipient_id: Any, unread: Unread | None) -> Iterator[None]:
+    """Inside the block, consume_steering() takes `unread` (read_ahead(), under the saga's lock
+    that the transaction holds) for the recipient in place of a read of its own, unless the
+    recipient's steering was written since (push_steering(), mark_consumed())."""
+    token = _ahead.set(None if unread is None else (recipient_id, unread))
+    try:
+        yield
+    finally:
+        _ahead.reset(token)
+
+
+def steering_written(recipient_id: Any) -> None:
+    """What was read ahead for the recipient no longer is its steering."""
+    ahead = _ahead.get()
+    if ahead is not None and ahead[0] == recipient_id:
+        _ahead.set(None)
+
+
+_UNREAD_OF_RUN_SQL = prepared(
+    f"{_UNREAD_FROM}WHERE i.recipient_id = (SELECT collaborator_id FROM {Run._meta.db_table} WHERE id = %s) "
+    "AND i.consumed_at IS NULL ORDER BY i.seq"
 )
 
 

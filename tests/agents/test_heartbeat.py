@@ -23,8 +23,7 @@ def test_a_turn_registered_before_its_claim_is_renewed_once_claimed(
     agent, _ = actions.add_agent(
         saga=saga, name="a", role="A", task="Think", runtime="internal", profile=profile_named("x"), by=alice
     )
-    run = actions.queued_run(agent.run.pk)
-    assert run is not None
+    run = Run.objects.get(pk=agent.run.pk)
     beats: list[bool] = []
     renew = actions.renew_lease
 
@@ -41,8 +40,7 @@ def test_a_turn_registered_before_its_claim_is_renewed_once_claimed(
         wait_until(lambda: beats, what="a beat before the claim")  # finds no running turn: renews nothing
         assert beats[0] is False
 
-        with actions.saga_transaction(saga):
-            assert actions.take_turn(run)
+        assert actions.claim_turn(run_id=run.pk) is not None
         claimed = Run.objects.get(pk=run.pk).lease_until
         assert claimed is not None
 

@@ -19,6 +19,7 @@ FILL = {"upto": " AND i.seq <= %s", "ids": "%s, %s"}
 # The statements only one database runs, and which.
 ONLY_ON = {
     ("sagas.actions.locking", "_LOCK_SQL"): "postgresql",  # a row lock: SQLite locks the database
+    ("sagas.actions.runs", "_LOCK_RUNS_SAGA_SQL"): "postgresql",
     ("journal.actions", "_APPEND_SQL"): "postgresql",  # a data-modifying WITH, which SQLite has not
     ("journal.actions", "_APPEND_SQLITE_SQL"): "sqlite",  # one writer at a time: no head row to lock
 }
@@ -50,7 +51,7 @@ def runnable(sql: str) -> str:
 
 def test_the_statements_are_found() -> None:
     names = {name for _, name in statement_names()}
-    assert {"_APPEND_SQL", "_ASK_SQL", "_QUEUED_RUN_SQL", "_INSERT_SQL", "_MAY_ADDRESS_SQL"} <= names
+    assert {"_APPEND_SQL", "_ASK_SQL", "_CLAIMED_RUN_SQL", "_INSERT_SQL", "_MAY_ADDRESS_SQL"} <= names
 
 
 @pytest.mark.parametrize(("module", "name"), statement_names())

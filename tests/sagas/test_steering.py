@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 from django.conf import LazySettings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from accounts.models import User
 from config.notify import Notifier
@@ -16,8 +18,11 @@ from sagas.actions import (
     claim_turn,
     consume_steering,
     end_turn,
+    read_ahead,
     reply_to_request,
+    saga_transaction,
     steer,
+    unread_ahead,
 )
 from sagas.models import AgentRequest, Collaborator, Run, SteeringItem
 from sagas.wakeups import request_channel, steering_channel
@@ -114,6 +119,37 @@ def test_items_arriving_after_a_drain_wait_for_the_next_one(team: Team) -> None:
     assert AgentRequest.objects.get(pk=late.pk).status == "pending"
     assert [i.request_id for i in consume_steering(recipient=team["coder"], turn=2)] == [late.pk]
     assert AgentRequest.objects.get(pk=late.pk).status == "delivered"
+
+
+def test_a_drain_takes_what_its_transaction_read_ahead(make_team: MakeTeam) -> None:
+    team = make_team(internal=["coder"])
+    coder = team["coder"]
+    first = ask(team, "lead", "coder")
+
+    with saga_transaction(team.saga), unread_ahead(coder.pk, read_ahead(team.run("coder").pk)):
+        with CaptureQueriesContext(connection) as queries:
+            assert [i.request_id for i in consume_steering(recipient=coder, turn=1)] == [first.pk]
+        assert consume_steering(recipient=coder, turn=1) == []  # a second drain reads afresh
+
+    # On PostgreSQL the read went with the transaction's first statement; SQLite has no round
+    # trip to save, and reads when it drains.
+    sent = [q["sql"] for q in queries.captured_queries]
+    reads = [sql for sql in sent if sql.startswith("SELECT") and "sagas_steeringitem i" in sql]
+    assert len(reads) == (1 if connection.vendor == "sqlite" else 0)
+    assert AgentRequest.objects.get(pk=first.pk).status == "delivered"
+
+
+def test_what_was_read_ahead_no_longer_serves_once_the_recipient_is_written_to(make_team: MakeTeam) -> None:
+    team = make_team(internal=["coder"])
+    coder = team["coder"]
+    first = ask(team, "lead", "coder")
+
+    with saga_transaction(team.saga), unread_ahead(coder.pk, read_ahead(team.run("coder").pk)):
+        second = ask(team, "tester", "coder")  # after the read ahead, in the same transaction
+        drained = consume_steering(recipient=coder, turn=1)
+
+    assert [i.request_id for i in drained] == [first.pk, second.pk]
+    assert unread(coder) == []
 
 
 def test_a_cursor_consumes_only_up_to_it(team: Team) -> None:
