@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agents import scripted
+from agents import scripted, transcripts
 from agents.hooks.lifecycle import CONTEXT_HEADING
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
@@ -98,7 +98,8 @@ def run_turn(run_id: str, *, worker: str = "") -> None:
     turns: Turns | None = None
     here: list[str] = []
     try:
-        with actions.claimed_run(_CLAIMED_RUN_SQL, run_id, AgentProfile, worker=worker) as claimed:
+        ahead = partial(transcripts.read_ahead, run_id)
+        with actions.claimed_run(_CLAIMED_RUN_SQL, run_id, AgentProfile, worker=worker, ahead=ahead) as claimed:
             if claimed is None:
                 return  # a redelivered doorbell, or another worker holds the run
             turns = Turns(claimed, worker=worker)
@@ -147,6 +148,7 @@ class Turns:
 
     def __init__(self, claimed: "actions.Claimed", *, worker: str = "") -> None:
         """`claimed`: the run as _CLAIMED_RUN_SQL read it with its claim, and what it read with it."""
+        self.claimed = claimed
         self.run = run = claimed.run
         self.worker = worker
         self.collaborator = run.collaborator
@@ -169,7 +171,7 @@ class Turns:
         """The claimed turn's start, in the claim's transaction: its transcript, then its input, or
         for a prompt's support worker with SubagentStart hooks nothing more (they run after the
         commit: execute()). False when the turn ended here."""
-        self.transcript = take_transcript(self.run.pk, turn=self.turn - 1)
+        self.transcript = take_transcript(self.run.pk, turn=self.turn - 1, ahead=self.claimed.ahead)
         self.pending = self.pending_start()
         go_on = self.pending is not None or self.begin()
         self.transcript.save()

@@ -2,13 +2,14 @@
 process between tasks of the same run so that only the newest entries are read again."""
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connection
 from django.utils import timezone
 
 from agents.models import TranscriptEntry
-from config.sql import db_value, defer, prepared, py_value
+from config.sql import db_value, defer, prepared, py_value, rows_later
 
 
 class Transcript:
@@ -26,7 +27,10 @@ class Transcript:
     def read_new(self) -> None:
         with connection.cursor() as cursor:
             cursor.execute(_READ_SQL, [self.run_id, self.last_seq])
-            rows = cursor.fetchall()
+            self.add(cursor.fetchall())
+
+    def add(self, rows: list[tuple[Any, ...]]) -> None:
+        """Entries read from the database (_READ_SQL), after those it holds."""
         for seq, message, tokens in rows:
             self.messages.append(py_value(TranscriptEntry, "message", message))
             self.last_seq, self.tokens = seq, self.tokens + tokens
@@ -60,23 +64,40 @@ _READ_SQL = prepared(
 _INSERT_SQL = f"INSERT INTO {TranscriptEntry._meta.db_table} (run_id, seq, turn, message, tokens, created_at) VALUES "
 
 
+Ahead = Callable[[], list[tuple[Any, ...]]]  # the rows of a deferred _READ_SQL: read_ahead()
+
 # The transcripts of the runs this process ran last, as of their tasks' last commit, with the run's
 # turn then.
 _kept: OrderedDict[str, tuple[int, Transcript]] = OrderedDict()
 KEPT_TRANSCRIPTS = 64
 
 
-def take_transcript(run_id: str, *, turn: int) -> Transcript:
+def take_transcript(run_id: str, *, turn: int, ahead: Ahead | None = None) -> Transcript:
     """The run's transcript, in the transaction that claimed the run at `turn` (its turn number as
     queued). Only turns write transcripts, and each claim moves the turn on: a copy kept at that
     same turn is the whole transcript, and nothing needs reading; a run never claimed (turn 0) has
-    none yet."""
+    none yet. `ahead`: what read_ahead() read with the claim, which is all that is missing."""
     kept_turn, transcript = _kept.pop(run_id, (None, None))
     if transcript is None:
         transcript = Transcript(run_id)
-    if kept_turn != turn and turn > 0:
+    if ahead is not None:
+        transcript.add(ahead())
+    elif kept_turn != turn and turn > 0:
         transcript.read_new()
     return transcript
+
+
+def read_ahead(run_id: str) -> Ahead | None:
+    """On PostgreSQL, before the run's claim is known, for take_transcript(): the entries of its
+    transcript after those this process keeps of it (all of them when it keeps none), read with the
+    transaction's next statement (config.sql.defer), so that the read costs no round trip of its
+    own. None when no read is needed: this process keeps the run's transcript, most likely as it
+    stands (checked against the claimed turn, and read the usual way if not), or SQLite, where no
+    statement costs a round trip."""
+    kept = _kept.get(run_id)
+    if connection.vendor == "sqlite" or kept is not None:
+        return None
+    return rows_later(_READ_SQL, [run_id, 0])
 
 
 def keep_transcript(transcript: Transcript, *, turn: int) -> None:

@@ -132,17 +132,21 @@ class Claimed(NamedTuple):
     run: Run  # with its collaborator, saga and user
     also: list[Any]  # an instance of each model of `also` (None where an outer join found none), then
     # the values of the columns after theirs, as read
+    ahead: Any  # what the caller's `ahead` returned
 
 
 @contextmanager
-def claimed_run(sql: str, run_id: str, *also: type[models.Model], worker: str = "") -> Iterator[Claimed | None]:
+def claimed_run(
+    sql: str, run_id: str, *also: type[models.Model], worker: str = "", ahead: Callable[[], Any] = lambda: None
+) -> Iterator[Claimed | None]:
     """Claim a queued run's next turn, in a transaction under its saga's lock that lasts as long as
     the caller's block (the actions run in it find the lock held, and the saga's copy current, as
     in saga_transaction(current=True)): the run becomes `running` with the next turn number and a
     fresh lease, held by `worker` (a Celery node name). One message on PostgreSQL: the saga's
     lock, found from the run; the compare-and-set; the read of the claimed run (a
     claimed_run_sql() statement); its unread steering, which the turn's input takes
-    (unread_ahead()). None, and nothing written: a redelivered
+    (unread_ahead()); what the caller reads ahead of the claim's answer with config.sql's deferred
+    reads (`ahead`, called before the run is read). None, and nothing written: a redelivered
     doorbell, or another worker holds the run (and rang its own doorbell for anything after)."""
     params = [
         Run.Status.RUNNING.value, db_value(Run, "lease_until", lease_deadline()),
@@ -152,7 +156,7 @@ def claimed_run(sql: str, run_id: str, *also: type[models.Model], worker: str = 
         if db().vendor != "sqlite":  # where BEGIN IMMEDIATE has taken the one write lock already
             defer(_LOCK_RUNS_SAGA_SQL, [run_id])
         claimed = found_later(_CLAIM_SQL, params)
-        unread = read_ahead(run_id)
+        unread, before = read_ahead(run_id), ahead()
         row = fetch_one(sql, [run_id], Run, Collaborator, Saga, User, *also)
         if row is None or not claimed():
             transaction.set_rollback(True)  # the lock, taken for nothing
@@ -161,7 +165,7 @@ def claimed_run(sql: str, run_id: str, *also: type[models.Model], worker: str = 
         run, collaborator, collaborator.saga, collaborator.user, *more = row
         run.collaborator = collaborator
         with holding(collaborator.saga, current=True), unread_ahead(collaborator.pk, unread):
-            yield Claimed(run, more)
+            yield Claimed(run, more, before)
 
 
 _LOCK_RUNS_SAGA_SQL = prepared(
