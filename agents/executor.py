@@ -148,7 +148,6 @@ class Turns:
 
     def __init__(self, claimed: "actions.Claimed", *, worker: str = "") -> None:
         """`claimed`: the run as _CLAIMED_RUN_SQL read it with its claim, and what it read with it."""
-        self.claimed = claimed
         self.run = run = claimed.run
         self.worker = worker
         self.collaborator = run.collaborator
@@ -164,6 +163,7 @@ class Turns:
         self.profile: AgentProfile | None = profile  # None: the turn fails the run (begin())
         self.mcp = mcp.RunTools(run.pk, profile.mcp_servers if profile else [])
         self.delegator = f"{kind}:{name}" if kind else ""  # who handed this run its task, if someone did
+        self.transcript_ahead = claimed.ahead  # what the claim read of the transcript (transcripts.read_ahead)
 
     # --- the shape of a turn ----------------------------------------------------------------
 
@@ -171,7 +171,7 @@ class Turns:
         """The claimed turn's start, in the claim's transaction: its transcript, then its input, or
         for a prompt's support worker with SubagentStart hooks nothing more (they run after the
         commit: execute()). False when the turn ended here."""
-        self.transcript = take_transcript(self.run.pk, turn=self.turn - 1, ahead=self.claimed.ahead)
+        self.transcript = take_transcript(self.run.pk, turn=self.turn - 1, ahead=self.transcript_ahead)
         self.pending = self.pending_start()
         go_on = self.pending is not None or self.begin()
         self.transcript.save()

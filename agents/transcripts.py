@@ -88,12 +88,11 @@ def take_transcript(run_id: str, *, turn: int, ahead: Ahead | None = None) -> Tr
 
 
 def read_ahead(run_id: str) -> Ahead | None:
-    """On PostgreSQL, before the run's claim is known, for take_transcript(): the entries of its
-    transcript after those this process keeps of it (all of them when it keeps none), read with the
-    transaction's next statement (config.sql.defer), so that the read costs no round trip of its
-    own. None when no read is needed: this process keeps the run's transcript, most likely as it
-    stands (checked against the claimed turn, and read the usual way if not), or SQLite, where no
-    statement costs a round trip."""
+    """On PostgreSQL, before the run's claim is known, for take_transcript(): the run's whole
+    transcript when this process keeps no copy of it, read with the transaction's next statement
+    (config.sql.defer), so that the read costs no round trip of its own. None when this process
+    keeps a copy (most likely as the run stands: take_transcript() checks it against the claimed
+    turn, and reads what is missing if not), and on SQLite, where no statement costs a round trip."""
     kept = _kept.get(run_id)
     if connection.vendor == "sqlite" or kept is not None:
         return None

@@ -187,7 +187,7 @@ def read_ahead(run_id: str) -> Unread | None:
 def unread_ahead(recipient_id: Any, unread: Unread | None) -> Iterator[None]:
     """Inside the block, consume_steering() takes `unread` (read_ahead(), under the saga's lock
     that the transaction holds) for the recipient in place of a read of its own, unless the
-    recipient's steering was written since (push_steering(), mark_consumed())."""
+    recipient's steering was written since (push_steering(), consume_reply())."""
     token = _ahead.set(None if unread is None else (recipient_id, unread))
     try:
         yield
