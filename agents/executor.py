@@ -11,13 +11,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from agents import scripted, transcripts
@@ -159,6 +159,7 @@ class Turns:
         self.outside: dict[str, Any] | None = None  # an MCP call to make outside any transaction
         self.context = ""  # what a prompt's SubagentStart hooks added to this worker's task
         self.pending: starts.Pending | None = None  # those hooks, to run after the claim's commit
+        self.rested: Callable[[], str | None] | None = None  # a rest's status, read after its commit
         profile, kind, name, *self.start_read = claimed.also
         self.profile: AgentProfile | None = profile  # None: the turn fails the run (begin())
         self.mcp = mcp.RunTools(run.pk, profile.mcp_servers if profile else [])
@@ -181,13 +182,27 @@ class Turns:
         """The turns after start(), each model call outside any transaction."""
         if self.pending is not None:
             go_on = self.start_hooks(self.pending)
-        while go_on:
+        while go_on or self.steered():
             if self.outside is not None:
                 go_on = self.call_outside()
                 continue
             completion, latency_ms = self.call_models(self.transcript.messages)
             with self.transaction():
                 go_on = self.conclude(completion, latency_ms)
+
+    def steered(self) -> bool:
+        """After the commit of a turn that came to rest (end()): steering that came meanwhile kept
+        the run with this task (`running`, its next turn under a fresh lease); that turn begins
+        here, in a transaction of its own. False when the run rested."""
+        while (rested := self.rested) is not None:
+            self.rested = None
+            if rested() != Run.Status.RUNNING:
+                return False
+            self.turn += 1
+            with self.transaction():
+                if self.begin():
+                    return True
+        return False
 
     def pending_start(self) -> "starts.Pending | None":
         """A prompt's support worker before its first input: the SubagentStart hooks it must run."""
@@ -213,16 +228,22 @@ class Turns:
         by every kernel write: one lock order, no deadlocks), first a renewal of the lease, which
         proves this task holds the turn, and last the new transcript entries. That proof is also
         what makes the saga's copy `current` (saga_transaction): its status is not read again. The
-        renewal's answer is read last, before the commit: nothing waits for it in between, and a
-        turn that another worker took over rolls back whole."""
-        with actions.saga_transaction(self.collaborator.saga, current=True):
-            held = actions.prove_lease(run_id=self.run.pk, turn=self.turn)
-            with actions.unread_ahead(self.collaborator.pk, actions.read_ahead(self.run.pk)):
-                yield
-            if not held():
-                metrics.turn_ended("lost")
-                raise LostTurn
-            self.transcript.save()
+        renewal's answer is read last, before the commit (on PostgreSQL the server fails the
+        transaction instead: actions.turn_lost()): nothing waits for it in between, and a turn that
+        another worker took over rolls back whole."""
+        try:
+            with actions.saga_transaction(self.collaborator.saga, current=True):
+                held = actions.prove_lease(run_id=self.run.pk, turn=self.turn)
+                with actions.unread_ahead(self.collaborator.pk, actions.read_ahead(self.run.pk)):
+                    yield
+                if not held():
+                    raise LostTurn
+                self.transcript.save()
+        except (LostTurn, DatabaseError) as exc:
+            if isinstance(exc, DatabaseError) and not actions.turn_lost(exc):
+                raise
+            metrics.turn_ended("lost")
+            raise LostTurn from exc
 
     def begin(self) -> bool:
         """Start the turn: budgets, a parked wait's result, its input. False when the turn ended here."""
@@ -271,11 +292,16 @@ class Turns:
         return self.end(more=bool(completion.tool_calls))
 
     def end(self, *, more: bool) -> bool:
-        """End the turn; True when this task goes straight on with the next one."""
+        """End the turn; True when this task goes straight on with the next one in this
+        transaction. A turn that comes to rest is not waited for: whether steering kept the run
+        with this task is read after the commit (steered())."""
         carry_on = time.monotonic() < self.slice_ends
-        status = actions.end_turn(run=self.run, turn=self.turn, more=more, carry_on=carry_on)
+        status = actions.end_turn_later(run=self.run, turn=self.turn, more=more, carry_on=carry_on)
         self.ended(status)
-        if status != Run.Status.RUNNING:
+        if not more:
+            self.rested = status
+            return False
+        if status() != Run.Status.RUNNING:
             return False
         self.turn += 1
         return self.begin()
@@ -293,7 +319,7 @@ class Turns:
                 self.finish(Run.Status.COMPLETED, result=outcome.extra.get("result"))
                 return True
             if outcome.result is None:
-                self.ended(actions.end_turn(run=self.run, turn=self.turn, more=False))
+                self.ended(actions.end_turn_later(run=self.run, turn=self.turn, more=False))
                 return True
             self.transcript.append(self.turn, [tool_message(tool_call["id"], outcome.result)])
         return False
@@ -442,14 +468,19 @@ class Turns:
 
     def finish(self, status: str, *, result: Any = None, error: str = "") -> bool:
         actions.finish_run(run=self.run, status=status, result=result, error=error, worker=self.worker)
-        self.ended(status)
+        self.ended(lambda: status)
         self.journal("worker_end", {"status": status, "result": result, "error": error, "worker": self.worker})
         return False
 
-    def ended(self, status: str | None) -> None:
-        """Count the turn once its transaction commits: `running` goes on in this task, None lost it."""
-        outcome = "continued" if status == Run.Status.RUNNING else status or "lost"
-        transaction.on_commit(partial(metrics.turn_ended, outcome), robust=True)
+    def ended(self, status: Callable[[], str | None]) -> None:
+        """Count the turn once its transaction commits, by the run's status then: `running` goes
+        on in this task, None lost it."""
+
+        def count() -> None:
+            answer = status()
+            metrics.turn_ended("continued" if answer == Run.Status.RUNNING else answer or "lost")
+
+        transaction.on_commit(count, robust=True)
 
     # --- persistence ------------------------------------------------------------------------
 

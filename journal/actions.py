@@ -1,6 +1,8 @@
 """The journal's only writer."""
 
 import logging
+from collections.abc import Sequence
+from functools import cache
 from typing import Any
 from uuid import UUID
 
@@ -9,7 +11,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from config.notify import notifier
-from config.sql import db_value, defer, flush, prepared, py_value
+from config.sql import Statement, db_value, defer, flush, prepared, py_value
 from journal.models import JournalEvent, JournalHead
 
 logger = logging.getLogger(__name__)
@@ -20,11 +22,12 @@ logger = logging.getLogger(__name__)
 # takes is held until commit, so a saga's writers run one after another: seqs are gap-free and
 # appear in commit order, and seq order is time order. Then it inserts the event with the head's
 # seq and time. Nobody waits for it: it goes with the transaction's next statement or its COMMIT
-# (config.sql.defer), and the event's id and seq come back with them.
+# (config.sql.defer), and the event's id and seq come back with them. A condition (`when`) decides
+# in the same statement whether the event is written at all; a head it leaves alone leaves no gap.
 _HEAD = JournalHead._meta.db_table
-_APPEND_SQL = prepared(
-    f"WITH head AS (INSERT INTO {_HEAD} (saga_id, last_seq, last_at) VALUES (%s, 1, %s) ON CONFLICT (saga_id) "
-    f"DO UPDATE SET last_seq = {_HEAD}.last_seq + 1, "
+_APPEND_WHEN_SQL = (
+    f"WITH head AS (INSERT INTO {_HEAD} (saga_id, last_seq, last_at) SELECT %s, 1, %s WHERE {{when}} "
+    f"ON CONFLICT (saga_id) DO UPDATE SET last_seq = {_HEAD}.last_seq + 1, "
     f"last_at = CASE WHEN {_HEAD}.last_at > EXCLUDED.last_at THEN {_HEAD}.last_at ELSE EXCLUDED.last_at END "
     "RETURNING saga_id, last_seq, last_at) "
     f"INSERT INTO {JournalEvent._meta.db_table} (saga_id, seq, type, actor, run_id, data, created_at) "
@@ -35,13 +38,20 @@ _APPEND_SQL = prepared(
 # one statement does both: the saga's last event, found through the (saga, seq) unique index,
 # gives the next seq and the earliest time allowed. The head row is PostgreSQL's only.
 _EVENTS = JournalEvent._meta.db_table
-_APPEND_SQLITE_SQL = (
+_APPEND_SQLITE_WHEN_SQL = (
     f"INSERT INTO {_EVENTS} (saga_id, seq, type, actor, run_id, data, created_at) "
     "SELECT %s, COALESCE(prev.seq, 0) + 1, %s, %s, %s, %s, "
     "CASE WHEN prev.created_at > %s THEN prev.created_at ELSE %s END FROM (SELECT 1) LEFT JOIN "
     f"(SELECT seq, created_at FROM {_EVENTS} WHERE saga_id = %s ORDER BY seq DESC LIMIT 1) prev ON 1 "
-    "RETURNING id, seq, created_at"
+    "WHERE {when} RETURNING id, seq, created_at"
 )
+ALWAYS = ("1 = 1", ())
+
+
+@cache
+def append_sql(vendor: str, when: str) -> Statement:
+    """The append, written only if the condition `when` holds when it runs (ALWAYS: always)."""
+    return prepared((_APPEND_SQLITE_WHEN_SQL if vendor == "sqlite" else _APPEND_WHEN_SQL).format(when=when))
 
 
 # How long a saga's first unsent event waits for more to go out with it. A live view does not see
@@ -58,31 +68,42 @@ def group_name(saga_id: UUID | str) -> str:
 
 @transaction.atomic(savepoint=False)
 def record(
-    *, saga_id: UUID | str, type: str, actor: str = "", run_id: str = "", data: dict[str, Any] | None = None
+    *,
+    saga_id: UUID | str,
+    type: str,
+    actor: str = "",
+    run_id: str = "",
+    data: dict[str, Any] | None = None,
+    when: tuple[str, Sequence[Any]] = ALWAYS,
 ) -> JournalEvent:
     """Append one event to a saga's journal, in the caller's transaction; it is published after commit.
 
     Nothing waits for its statement: on PostgreSQL it goes with the transaction's next
     statement or its COMMIT, and the event's `pk`, `seq` and `created_at` are set when they come
-    back (at once on SQLite; when record() is a transaction of its own, before it returns)."""
+    back (at once on SQLite; when record() is a transaction of its own, before it returns).
+    `when`: an SQL condition and its parameters; the event is written only if it holds when the
+    statement runs (its `pk` then stays None, and nothing is published)."""
     saga = db_value(JournalEvent, "saga", saga_id)
     event = JournalEvent(saga_id=saga_id, type=type, actor=actor, run_id=run_id, data=data or {})
 
     def stored(rows: list[tuple[Any, ...]]) -> None:
-        ((event.pk, event.seq, created_at),) = rows
-        event.created_at = py_value(JournalEvent, "created_at", created_at)
+        for event.pk, event.seq, created_at in rows:
+            event.created_at = py_value(JournalEvent, "created_at", created_at)
 
     now, data_value = db_value(JournalEvent, "created_at", timezone.now()), db_value(JournalEvent, "data", event.data)
+    condition, condition_params = when
+    sql = append_sql(connection.vendor, condition)
     if connection.vendor == "sqlite":
-        defer(_APPEND_SQLITE_SQL, [saga, type, actor, run_id, data_value, now, now, saga], then=stored)
+        defer(sql, [saga, type, actor, run_id, data_value, now, now, saga, *condition_params], then=stored)
     else:
-        defer(_APPEND_SQL, [saga, now, type, actor, run_id, data_value], then=stored)
+        defer(sql, [saga, now, *condition_params, type, actor, run_id, data_value], then=stored)
     event._state.adding, event._state.db = False, connection.alias
 
     def committed() -> None:
-        if event.pk is None:  # run before the COMMIT (a test's captureOnCommitCallbacks)
+        if event.pk is None:  # run before the COMMIT (a test's captureOnCommitCallbacks), or not written
             flush()
-        publish(saga_id, event.as_dict())
+        if event.pk is not None:
+            publish(saga_id, event.as_dict())
 
     transaction.on_commit(committed)
     return event

@@ -39,12 +39,14 @@ from sagas.actions.runs import (
     claimed_run,
     claimed_run_sql,
     end_turn,
+    end_turn_later,
     finish_run,
     park_on_request,
     prove_lease,
     reclaim_lapsed_turn,
     renew_lease,
     set_external_status,
+    turn_lost,
 )
 from sagas.actions.steering import consume_reply, consume_steering, read_ahead, steer, unread_ahead
 from sagas.actions.teams import (
@@ -90,6 +92,7 @@ __all__ = [
     "due_remote_calls",
     "due_wait_ids",
     "end_turn",
+    "end_turn_later",
     "end_wait",
     "expire_request",
     "find_collaborator",
@@ -128,6 +131,7 @@ __all__ = [
     "stop_over_budget",
     "team_of",
     "time_out_remote_call",
+    "turn_lost",
     "unread_ahead",
     "visible_human_request",
     "visible_team",

@@ -11,14 +11,26 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db, db_value, defer, fetch, fetch_one, found_later, placeholders, prepared, update
-from journal.actions import record
+from config.sql import (
+    columns,
+    db,
+    db_value,
+    defer,
+    fetch,
+    fetch_one,
+    found_later,
+    placeholders,
+    prepared,
+    rows_later,
+    update,
+)
+from journal.actions import ALWAYS, record
 from sagas import errors
 from sagas.actions.locking import holding, lock_open_saga, lock_saga
 from sagas.actions.requests import Status, close_request, settle
 from sagas.actions.steering import read_ahead, unread_ahead
 from sagas.models import AgentRequest, Collaborator, Delegation, RemoteCall, Run, Saga, SteeringItem
-from sagas.wakeups import ring_run_after_commit
+from sagas.wakeups import ring_run, ring_run_after_commit
 
 
 @transaction.atomic
@@ -217,27 +229,46 @@ def renew_lease(*, run_id: str, turn: int, next_turn: bool = False, later: bool 
     a fresh lease. False once the turn has been taken away from this worker. With `later`, for the
     transaction that has proved the lease already (its row is locked until the commit, so the
     renewal cannot miss), nothing waits for it."""
-    held = prove_lease(run_id=run_id, turn=turn, next_turn=next_turn)
+    held = found_later(_RENEW_SQL, renewal(run_id, turn, next_turn))
     return later or held()
 
 
-def prove_lease(*, run_id: str, turn: int, next_turn: bool = False) -> Callable[[], bool]:
-    """renew_lease() for a transaction that goes on without waiting for its answer: the renewal
-    goes with the transaction's next statement (config.sql.defer). The answer, called before the
-    transaction commits, says whether the turn was this worker's; on False the caller rolls back
-    everything the transaction did since (the renewal takes the run's row lock first, so a True
-    holds to the commit). Every transaction of a turn starts with it."""
-    params = [
+def prove_lease(*, run_id: str, turn: int) -> Callable[[], bool]:
+    """renew_lease() for a transaction of the turn that goes on without waiting for its answer:
+    the renewal goes with the transaction's next statement (config.sql.defer), and takes the run's
+    row lock first, so a turn found this worker's stays so to the commit. The answer, called before
+    the commit, says whether it was; on False the caller rolls back everything the transaction did
+    since. On PostgreSQL it is always True: the server fails the transaction itself when the renewal
+    finds no row (agora_turn_held(), sagas/migrations/0009), with an error turn_lost() recognises,
+    so that the transaction's COMMIT can go in the same message. Every transaction of a turn starts
+    with it."""
+    params = renewal(run_id, turn, False)
+    if db().vendor == "sqlite":
+        return found_later(_RENEW_SQL, params)
+    defer(_RENEW_HELD_SQL, params)
+    return lambda: True
+
+
+def renewal(run_id: str, turn: int, next_turn: bool) -> list[Any]:
+    return [
         turn + next_turn, db_value(Run, "lease_until", lease_deadline()), db_value(Run, "updated_at", timezone.now()),
         run_id, Run.Status.RUNNING.value, turn,
     ]  # fmt: skip
-    return found_later(_RENEW_SQL, params)
+
+
+TURN_LOST = "AG001"  # the SQLSTATE of agora_turn_held()'s error
+
+
+def turn_lost(exc: BaseException) -> bool:
+    """Whether a database error is the server's word that a turn's lease renewal found no row."""
+    return getattr(exc.__cause__, "sqlstate", None) == TURN_LOST
 
 
 _RENEW_SQL = prepared(
     f"UPDATE {Run._meta.db_table} SET turn = %s, lease_until = %s, updated_at = %s "
     "WHERE id = %s AND status = %s AND turn = %s RETURNING id"
 )
+_RENEW_HELD_SQL = prepared(f"WITH renewed AS ({_RENEW_SQL}) SELECT agora_turn_held(count(*)) FROM renewed")
 
 
 @transaction.atomic(savepoint=False)
@@ -250,16 +281,24 @@ def park_on_request(*, run: Run, turn: int, request_id: str, tool_call_id: str) 
     run.waiting_on_id, run.wait_tool_call_id = request_id, tool_call_id
 
 
-@transaction.atomic(savepoint=False)
 def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str | None:
+    """end_turn_later(), answered: the run's new status; None when the turn was not its own."""
+    return end_turn_later(run=run, turn=turn, more=more, carry_on=carry_on)()
+
+
+@transaction.atomic(savepoint=False)
+def end_turn_later(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> Callable[[], str | None]:
     """Leave the turn: wait on a request, come back for another turn, or go idle. With `carry_on`,
     a run that comes back keeps its worker: it stays `running` with the next turn number and a new
-    lease (returns `running`) instead of queueing for any worker: only in the transaction that
-    proved this task's lease (the turn's own, agents/executor.py), so moving on cannot miss. `run`
-    is the turn's own object, loaded with its collaborator and carrying what park_on_request() set.
+    lease (`running`) instead of queueing for any worker: only in the transaction that proved this
+    task's lease (the turn's own, agents/executor.py), so moving on cannot miss. `run` is the
+    turn's own object, loaded with its collaborator and carrying what park_on_request() set.
 
     Under the saga lock, so a reply or a steering item that lands at the same instant either sees
     the run parked (and wakes it) or is seen here (and the run comes straight back).
+
+    The run's new status, to ask for: known at once, except for a turn that comes to rest with
+    nothing more to do (`more` False, nothing to wait for), which nothing waits for (rest_later()).
     """
     collaborator = run.collaborator
     lock_saga(collaborator.saga_id)
@@ -269,7 +308,7 @@ def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str 
         if request.is_open and request.wait_deadline is not None:
             if update(Run, mine, status=Run.Status.WAITING, wait_until=request.wait_deadline, lease_until=None):
                 record_rest(run, Run.Status.WAITING, turn=turn, request_id=request.pk)
-            return Run.Status.WAITING
+            return lambda: Run.Status.WAITING
         more = True  # answered (or timed out) before the turn even ended
     elif run.waiting_on_remote_id:
         call = RemoteCall.objects.get(pk=run.waiting_on_remote_id)
@@ -279,38 +318,44 @@ def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str 
             until = call.deadline + timedelta(seconds=REMOTE_WAIT_GRACE_S)
             if update(Run, mine, status=Run.Status.WAITING, wait_until=until, lease_until=None):
                 record_rest(run, Run.Status.WAITING, turn=turn, remote_call_id=call.pk)
-            return Run.Status.WAITING
+            return lambda: Run.Status.WAITING
         more = True
     if more and carry_on:
         renew_lease(run_id=run.pk, turn=turn, next_turn=True, later=True)
-        return Run.Status.RUNNING
+        return lambda: Run.Status.RUNNING
     if more:
-        status: str | None = Run.Status.QUEUED
-        moved = update(Run, mine, status=status, lease_until=None, updated_at=timezone.now())
-    else:
-        status = rest_unless_steered(run, turn=turn, carry_on=carry_on)
-        moved = status is not None
-    if moved and status == Run.Status.QUEUED:
-        ring_run_after_commit(run.pk)
-    elif moved and status == Run.Status.IDLE:
-        record_rest(run, status, turn=turn)
-    return status
+        if update(Run, mine, status=Run.Status.QUEUED, lease_until=None, updated_at=timezone.now()):
+            ring_run_after_commit(run.pk)
+        return lambda: Run.Status.QUEUED
+    return rest_later(run, turn=turn, carry_on=carry_on)
 
 
-def rest_unless_steered(run: Run, *, turn: int, carry_on: bool) -> str | None:
+def rest_later(run: Run, *, turn: int, carry_on: bool) -> Callable[[], str | None]:
     """The end of a turn with nothing more to do, in one statement: idle, unless steering is
-    unread; then queued, or with `carry_on` running the next turn under a fresh lease (as
-    renew_lease(next_turn=True) would). The run's new status; None when the turn was not its own."""
+    unread; then queued (rung after the commit), or with `carry_on` running the next turn under a
+    fresh lease (as renew_lease(next_turn=True) would). Its `run.idle` event is written in the same
+    message, on the condition that the run is then idle at this turn. Nothing waits for either: the
+    run's new status comes with the transaction's next statement or its COMMIT (None when the turn
+    was not its own)."""
     back = (Run.Status.RUNNING if carry_on else Run.Status.QUEUED).value
     lease = db_value(Run, "lease_until", lease_deadline())
-    with db().cursor() as cursor:
-        cursor.execute(
-            _REST_UNLESS_STEERED_SQL,
-            [back, Run.Status.IDLE.value, carry_on, carry_on, lease, db_value(Run, "updated_at", timezone.now()),
-             run.collaborator_id, run.pk, Run.Status.RUNNING.value, turn],
-        )  # fmt: skip
-        row = cursor.fetchone()
-    return None if row is None else Run.Status(row[0])
+    rows = rows_later(
+        _REST_UNLESS_STEERED_SQL,
+        [back, Run.Status.IDLE.value, carry_on, carry_on, lease, db_value(Run, "updated_at", timezone.now()),
+         run.collaborator_id, run.pk, Run.Status.RUNNING.value, turn],
+    )  # fmt: skip
+    record_rest(run, Run.Status.IDLE, turn=turn, when=(_RESTED_IDLE, [run.pk, Run.Status.IDLE.value, turn]))
+
+    def status() -> str | None:
+        answer = rows()
+        return Run.Status(answer[0][0]) if answer else None
+
+    def ring() -> None:  # back in line: for any worker
+        if status() == Run.Status.QUEUED:
+            ring_run(run.pk)
+
+    transaction.on_commit(ring)
+    return status
 
 
 # The steering is read in the statement, under the saga lock that end_turn() holds. The lease's
@@ -326,7 +371,12 @@ _REST_UNLESS_STEERED_SQL = prepared(
 )
 
 
-def record_rest(run: Run, status: str, *, turn: int, request_id: str = "", remote_call_id: str = "") -> None:
+_RESTED_IDLE = f"EXISTS (SELECT 1 FROM {Run._meta.db_table} WHERE id = %s AND status = %s AND turn = %s)"
+
+
+def record_rest(
+    run: Run, status: str, *, turn: int, request_id: str = "", remote_call_id: str = "", when: Any = ALWAYS
+) -> None:
     """Journal a run coming to rest (idle, or waiting on a request): the dashboard's roster and
     tree learn of it from the journal. A run going straight on to its next turn is not recorded;
     its next model call is."""
@@ -338,4 +388,7 @@ def record_rest(run: Run, status: str, *, turn: int, request_id: str = "", remot
     if remote_call_id:
         data["remote_call_id"] = remote_call_id
     collaborator = run.collaborator
-    record(saga_id=collaborator.saga_id, type=f"run.{status}", actor=collaborator.handle, run_id=run.pk, data=data)
+    record(
+        saga_id=collaborator.saga_id, type=f"run.{status}", actor=collaborator.handle, run_id=run.pk, data=data,
+        when=when,
+    )  # fmt: skip

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # savepoints and the deferred statements, the journal's included), and round trips to PostgreSQL,
 # of a task that takes one request, replies to it and goes idle: three turns of an agent that ran
 # its first turn in this process.
-STATEMENTS = {"sqlite": 30, "postgresql": 9}
-ROUND_TRIPS = 6
+STATEMENTS = {"sqlite": 30, "postgresql": 8}
+ROUND_TRIPS = 5
 
 
 @pytest.fixture
@@ -139,6 +139,37 @@ def test_a_run_whose_profile_is_gone_fails_at_its_turn(saga: Saga, alice: User) 
 
     run = Run.objects.get(pk=echo.run.pk)
     assert (run.status, run.error) == (Run.Status.FAILED, "No agent profile 'echo'.")
+
+
+def test_a_turn_that_comes_to_rest_with_a_request_just_in_takes_it_in_its_next_turn_in_this_task(
+    saga: Saga, alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
+    asker = add(saga, alice, "asker", runtime="external")
+    run_turn(echo.run.pk)
+    first, _ = actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 1})
+    call_models = executor.Turns.call_models
+    late: list[AgentRequest] = []
+
+    def with_a_request_during_the_last_call(turns: executor.Turns, messages: Any) -> Any:
+        answer = call_models(turns, messages)
+        if not late and not answer[0].tool_calls:  # the call after the reply: the turn will rest
+            late.append(actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 2})[0])
+        return answer
+
+    monkeypatch.setattr(executor.Turns, "call_models", with_a_request_during_the_last_call)
+    rested = JournalEvent.objects.filter(saga=saga, run_id=echo.run.pk, type="run.idle")
+    before = rested.count()
+
+    run_turn(echo.run.pk)
+
+    # The turn that would have rested found the request unread: the run stayed with this task, whose
+    # next turn (begun after that commit) answered it; only the last turn's rest is journaled.
+    assert [AgentRequest.objects.get(pk=r.pk).status for r in (first, *late)] == ["completed", "completed"]
+    run = Run.objects.get(pk=echo.run.pk)
+    assert (run.status, run.turn) == (Run.Status.IDLE, 5)
+    assert rested.count() == before + 1
+    assert rested.order_by("-seq").first().data["turn"] == 5
 
 
 def test_a_turn_taken_over_during_its_model_call_writes_nothing_of_what_followed(

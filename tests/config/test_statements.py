@@ -15,13 +15,14 @@ from config.postgresql.base import numbered
 BASE = Path(__file__).resolve().parents[2]
 APPS = ["accounts", "agents", "config", "gateways", "journal", "sagas"]
 # What the statements with a part filled in at run time are completed with.
-FILL = {"upto": " AND i.seq <= %s", "ids": "%s, %s"}
+FILL = {"upto": " AND i.seq <= %s", "ids": "%s, %s", "when": "1 = 1"}
 # The statements only one database runs, and which.
 ONLY_ON = {
     ("sagas.actions.locking", "_LOCK_SQL"): "postgresql",  # a row lock: SQLite locks the database
     ("sagas.actions.runs", "_LOCK_RUNS_SAGA_SQL"): "postgresql",
-    ("journal.actions", "_APPEND_SQL"): "postgresql",  # a data-modifying WITH, which SQLite has not
-    ("journal.actions", "_APPEND_SQLITE_SQL"): "sqlite",  # one writer at a time: no head row to lock
+    ("sagas.actions.runs", "_RENEW_HELD_SQL"): "postgresql",  # a data-modifying WITH and a PL/pgSQL function
+    ("journal.actions", "_APPEND_WHEN_SQL"): "postgresql",  # a data-modifying WITH, which SQLite has not
+    ("journal.actions", "_APPEND_SQLITE_WHEN_SQL"): "sqlite",  # one writer at a time: no head row to lock
 }
 
 pytestmark = pytest.mark.django_db
@@ -51,7 +52,7 @@ def runnable(sql: str) -> str:
 
 def test_the_statements_are_found() -> None:
     names = {name for _, name in statement_names()}
-    assert {"_APPEND_SQL", "_ASK_SQL", "_CLAIMED_RUN_SQL", "_INSERT_SQL", "_MAY_ADDRESS_SQL"} <= names
+    assert {"_APPEND_WHEN_SQL", "_ASK_SQL", "_CLAIMED_RUN_SQL", "_INSERT_SQL", "_MAY_ADDRESS_SQL"} <= names
 
 
 @pytest.mark.parametrize(("module", "name"), statement_names())

@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import uuid
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from django.db import DatabaseError, connection, transaction
 
 from accounts.models import User
 from config.notify import notifier
-from config.sql import flush
+from config.sql import db_value, flush
 from journal.actions import group_name, record
 from journal.models import AppendOnlyError, JournalEvent
 from sagas.actions import create_saga
@@ -38,6 +39,19 @@ def test_seq_starts_at_one_and_counts_up_without_gaps(saga: Saga, base_seq: int)
 
     assert [e.seq for e in events] == [base_seq + 1 + i for i in range(5)]
     assert seqs(saga) == list(range(1, base_seq + 6))
+
+
+def test_an_event_under_a_condition_is_written_only_if_it_holds_and_leaves_no_gap(saga: Saga, base_seq: int) -> None:
+    exists = f"EXISTS (SELECT 1 FROM {Saga._meta.db_table} WHERE id = %s)"
+
+    skipped = record(saga_id=saga.pk, type="skipped", when=(exists, [db_value(Saga, "id", uuid.uuid4())]))
+    kept = record(saga_id=saga.pk, type="kept", when=(exists, [db_value(Saga, "id", saga.pk)]))
+    after = record(saga_id=saga.pk, type="after")
+    flush()
+
+    assert skipped.pk is None and not JournalEvent.objects.filter(type="skipped").exists()
+    assert (kept.seq, after.seq) == (base_seq + 1, base_seq + 2)  # the head did not move for the skipped one
+    assert seqs(saga) == list(range(1, base_seq + 3))
 
 
 def test_each_saga_has_its_own_sequence(alice: User, saga: Saga, base_seq: int) -> None:
