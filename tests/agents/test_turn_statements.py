@@ -153,7 +153,8 @@ def test_a_turn_that_comes_to_rest_with_a_request_just_in_takes_it_in_its_next_t
 
     def with_a_request_during_the_last_call(turns: executor.Turns, messages: Any) -> Any:
         answer = call_models(turns, messages)
-        if not late and not answer[0].tool_calls:  # the call after the reply: the turn will rest
+        completion, _ = answer
+        if not late and completion is not None and not completion.tool_calls:  # after the reply: it will rest
             late.append(actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 2})[0])
         return answer
 
@@ -169,7 +170,8 @@ def test_a_turn_that_comes_to_rest_with_a_request_just_in_takes_it_in_its_next_t
     run = Run.objects.get(pk=echo.run.pk)
     assert (run.status, run.turn) == (Run.Status.IDLE, 5)
     assert rested.count() == before + 1
-    assert rested.order_by("-seq").first().data["turn"] == 5
+    last = rested.order_by("-seq").first()
+    assert last is not None and last.data["turn"] == 5
 
 
 def test_a_turn_taken_over_during_its_model_call_writes_nothing_of_what_followed(
