@@ -205,5 +205,8 @@ def test_children_die_with_the_supervisor_even_when_it_is_killed(supervisor: Sup
     os.kill(supervisor.proc.pid, signal.SIGKILL)  # no chance to clean up: the kernel's death signal must
 
     supervisor.wait_exit()
-    wait_until(lambda: not survivors(supervisor.tree), timeout=30, interval=0.2, what="every orphan to be gone")
+    try:
+        wait_until(lambda: not survivors(supervisor.tree), timeout=30, interval=0.2, what="every orphan to be gone")
+    except AssertionError:
+        raise AssertionError(f"survivors: {survivors(supervisor.tree)}\n{supervisor.log()}") from None
     assert not supervisor.redis_answers()
