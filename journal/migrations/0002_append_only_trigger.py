@@ -1,5 +1,7 @@
 from django.db import migrations
 
+from config.postgresql.migrations import run_on_postgresql
+
 # On PostgreSQL the database itself refuses to change or remove a journal event, whoever asks.
 CREATE = """
 CREATE OR REPLACE FUNCTION journal_event_append_only() RETURNS trigger AS $$
@@ -17,16 +19,7 @@ DROP FUNCTION IF EXISTS journal_event_append_only();
 """
 
 
-def on_postgresql(sql: str):
-    def run(apps, schema_editor):
-        if schema_editor.connection.vendor == "postgresql":
-            # No params: with params psycopg would read the '%' in RAISE's format as a placeholder.
-            schema_editor.execute(sql, params=None)
-
-    return run
-
-
 class Migration(migrations.Migration):
     dependencies = [("journal", "0001_initial")]
 
-    operations = [migrations.RunPython(on_postgresql(CREATE), on_postgresql(DROP))]
+    operations = [run_on_postgresql(CREATE, DROP)]

@@ -1,5 +1,7 @@
 from django.db import migrations
 
+from config.postgresql.migrations import run_on_postgresql
+
 # On PostgreSQL TRUNCATE fires no row trigger, so the journal refuses it with a statement trigger
 # of its own. One documented exemption: a session that sets `agora.allow_journal_truncate` to
 # `on`. Only the test suite does, for the test database alone (tests/conftest.py), since Django
@@ -23,15 +25,7 @@ DROP FUNCTION IF EXISTS journal_event_refuse_truncate();
 """
 
 
-def on_postgresql(sql: str):
-    def run(apps, schema_editor):
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(sql, params=None)
-
-    return run
-
-
 class Migration(migrations.Migration):
     dependencies = [("journal", "0003_protect_history")]
 
-    operations = [migrations.RunPython(on_postgresql(CREATE), on_postgresql(DROP))]
+    operations = [run_on_postgresql(CREATE, DROP)]

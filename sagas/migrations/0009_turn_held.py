@@ -1,5 +1,7 @@
 from django.db import migrations
 
+from config.postgresql.migrations import run_on_postgresql
+
 # A turn's transaction proves, with its first statement, that its run's lease is still this
 # worker's: a renewal that finds its row. On PostgreSQL nothing waits for that answer; the server
 # fails the transaction instead when the renewal found no row (sagas.actions.runs.prove_lease), with
@@ -17,15 +19,7 @@ $$ LANGUAGE plpgsql;
 DROP = "DROP FUNCTION IF EXISTS agora_turn_held(bigint);"
 
 
-def on_postgresql(sql: str):
-    def run(apps, schema_editor):
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(sql, params=None)
-
-    return run
-
-
 class Migration(migrations.Migration):
     dependencies = [("sagas", "0008_remote_agents")]
 
-    operations = [migrations.RunPython(on_postgresql(CREATE), on_postgresql(DROP))]
+    operations = [run_on_postgresql(CREATE, DROP)]
