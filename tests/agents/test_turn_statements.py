@@ -46,6 +46,20 @@ def add(saga: Saga, alice: User, name: str, *, runtime: str, profile: str = "") 
     return collaborator
 
 
+def ping(asker: Collaborator, n: int) -> AgentRequest:
+    request, _ = actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": n})
+    return request
+
+
+def asked(saga: Saga, alice: User) -> tuple[Collaborator, Collaborator, AgentRequest]:
+    """echo, idle after its first turn (the handoff) in this process, and asker, whose ping waits
+    in echo's steering."""
+    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
+    asker = add(saga, alice, "asker", runtime="external")
+    run_turn(echo.run.pk)  # its first turn: the handoff, then idle
+    return echo, asker, ping(asker, 1)
+
+
 @contextmanager
 def round_trips() -> Iterator[Callable[[], int]]:
     """The round trips to PostgreSQL meanwhile; 0 elsewhere."""
@@ -68,10 +82,7 @@ def round_trips() -> Iterator[Callable[[], int]]:
 
 
 def test_a_task_that_answers_a_request_costs_what_it_did(saga: Saga, alice: User) -> None:
-    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
-    asker = add(saga, alice, "asker", runtime="external")
-    run_turn(echo.run.pk)  # its first turn: the handoff, then idle
-    actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 1})
+    echo, _, _ = asked(saga, alice)
 
     with CaptureQueriesContext(connection) as queries, round_trips() as trips:
         run_turn(echo.run.pk)
@@ -92,10 +103,7 @@ def test_a_task_that_answers_a_request_costs_what_it_did(saga: Saga, alice: User
 
 
 def test_a_task_reads_the_transcript_when_another_process_ran_the_last_turn(saga: Saga, alice: User) -> None:
-    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
-    asker = add(saga, alice, "asker", runtime="external")
-    run_turn(echo.run.pk)
-    actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 1})
+    echo, _, _ = asked(saga, alice)
     # As if another worker had run it: its turn has moved on since this process kept its transcript.
     Run.objects.filter(pk=echo.run.pk).update(turn=5)
 
@@ -144,10 +152,7 @@ def test_a_run_whose_profile_is_gone_fails_at_its_turn(saga: Saga, alice: User) 
 def test_a_turn_that_comes_to_rest_with_a_request_just_in_takes_it_in_its_next_turn_in_this_task(
     saga: Saga, alice: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
-    asker = add(saga, alice, "asker", runtime="external")
-    run_turn(echo.run.pk)
-    first, _ = actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 1})
+    echo, asker, first = asked(saga, alice)
     call_models = executor.Turns.call_models
     late: list[AgentRequest] = []
 
@@ -155,7 +160,7 @@ def test_a_turn_that_comes_to_rest_with_a_request_just_in_takes_it_in_its_next_t
         answer = call_models(turns, messages)
         completion, _ = answer
         if not late and completion is not None and not completion.tool_calls:  # after the reply: it will rest
-            late.append(actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 2})[0])
+            late.append(ping(asker, 2))
         return answer
 
     monkeypatch.setattr(executor.Turns, "call_models", with_a_request_during_the_last_call)
@@ -177,10 +182,7 @@ def test_a_turn_that_comes_to_rest_with_a_request_just_in_takes_it_in_its_next_t
 def test_a_turn_taken_over_during_its_model_call_writes_nothing_of_what_followed(
     saga: Saga, alice: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
-    asker = add(saga, alice, "asker", runtime="external")
-    run_turn(echo.run.pk)
-    request, _ = actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 1})
+    echo, asker, request = asked(saga, alice)
     call_models = executor.Turns.call_models
 
     def taken_over(turns: executor.Turns, messages: Any) -> Any:
@@ -207,10 +209,7 @@ def test_a_turn_taken_over_during_its_model_call_writes_nothing_of_what_followed
 
 
 def test_a_task_whose_run_another_worker_claimed_writes_nothing(saga: Saga, alice: User) -> None:
-    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
-    asker = add(saga, alice, "asker", runtime="external")
-    run_turn(echo.run.pk)
-    request, _ = actions.ask_agent(sender=asker, to="agent:echo", type="ping", payload={"n": 1})
+    echo, _, request = asked(saga, alice)
     # Its doorbell rang twice: another worker claimed the run first.
     assert actions.claim_turn(run_id=echo.run.pk, worker="other@host") is not None
     events = JournalEvent.objects.filter(saga=saga).count()

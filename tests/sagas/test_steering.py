@@ -1,7 +1,8 @@
 """Steering: each collaborator's durable inbound queue, numbered gap-free, drained only at turn
 boundaries and acknowledged by the drain; and the people who may steer an agent."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -121,12 +122,18 @@ def test_items_arriving_after_a_drain_wait_for_the_next_one(team: Team) -> None:
     assert AgentRequest.objects.get(pk=late.pk).status == "delivered"
 
 
+@contextmanager
+def read_ahead_by(team: Team, name: str) -> Iterator[Collaborator]:
+    """A transaction of `name`'s turn that has read its steering ahead, as the executor's do."""
+    with saga_transaction(team.saga), unread_ahead(team[name].pk, read_ahead(team.run(name).pk)):
+        yield team[name]
+
+
 def test_a_drain_takes_what_its_transaction_read_ahead(make_team: MakeTeam) -> None:
     team = make_team(internal=["coder"])
-    coder = team["coder"]
     first = ask(team, "lead", "coder")
 
-    with saga_transaction(team.saga), unread_ahead(coder.pk, read_ahead(team.run("coder").pk)):
+    with read_ahead_by(team, "coder") as coder:
         with CaptureQueriesContext(connection) as queries:
             assert [i.request_id for i in consume_steering(recipient=coder, turn=1)] == [first.pk]
         assert consume_steering(recipient=coder, turn=1) == []  # a second drain reads afresh
@@ -141,10 +148,9 @@ def test_a_drain_takes_what_its_transaction_read_ahead(make_team: MakeTeam) -> N
 
 def test_what_was_read_ahead_no_longer_serves_once_the_recipient_is_written_to(make_team: MakeTeam) -> None:
     team = make_team(internal=["coder"])
-    coder = team["coder"]
     first = ask(team, "lead", "coder")
 
-    with saga_transaction(team.saga), unread_ahead(coder.pk, read_ahead(team.run("coder").pk)):
+    with read_ahead_by(team, "coder") as coder:
         second = ask(team, "tester", "coder")  # after the read ahead, in the same transaction
         drained = consume_steering(recipient=coder, turn=1)
 
