@@ -45,7 +45,8 @@ _APPEND_SQLITE_WHEN_SQL = (
     f"(SELECT seq, created_at FROM {_EVENTS} WHERE saga_id = %s ORDER BY seq DESC LIMIT 1) prev ON 1 "
     "WHERE {when} RETURNING id, seq, created_at"
 )
-ALWAYS = ("1 = 1", ())
+Condition = tuple[str, Sequence[Any]]  # an SQL expression and its parameters: record()'s `when`
+ALWAYS: Condition = ("1 = 1", ())
 
 
 @cache
@@ -74,7 +75,7 @@ def record(
     actor: str = "",
     run_id: str = "",
     data: dict[str, Any] | None = None,
-    when: tuple[str, Sequence[Any]] = ALWAYS,
+    when: Condition = ALWAYS,
 ) -> JournalEvent:
     """Append one event to a saga's journal, in the caller's transaction; it is published after commit.
 

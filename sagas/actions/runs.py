@@ -24,7 +24,7 @@ from config.sql import (
     rows_later,
     update,
 )
-from journal.actions import ALWAYS, record
+from journal.actions import ALWAYS, Condition, record
 from sagas import errors
 from sagas.actions.locking import holding, lock_open_saga, lock_saga
 from sagas.actions.requests import Status, close_request, settle
@@ -375,11 +375,11 @@ _RESTED_IDLE = f"EXISTS (SELECT 1 FROM {Run._meta.db_table} WHERE id = %s AND st
 
 
 def record_rest(
-    run: Run, status: str, *, turn: int, request_id: str = "", remote_call_id: str = "", when: Any = ALWAYS
+    run: Run, status: str, *, turn: int, request_id: str = "", remote_call_id: str = "", when: Condition = ALWAYS
 ) -> None:
     """Journal a run coming to rest (idle, or waiting on a request): the dashboard's roster and
     tree learn of it from the journal. A run going straight on to its next turn is not recorded;
-    its next model call is."""
+    its next model call is. `when`: as record() takes it."""
     data: dict[str, Any] = {"turn": turn}
     if run.worker:
         data["worker"] = run.worker
