@@ -187,7 +187,8 @@ class Turns:
                 go_on = self.call_outside()
                 continue
             completion, latency_ms = self.call_models(self.transcript.messages)
-            with self.transaction():
+            # Only a message with tool calls goes on to the next turn's input in this transaction.
+            with self.transaction(input_next=completion is not None and bool(completion.tool_calls)):
                 go_on = self.conclude(completion, latency_ms)
 
     def steered(self) -> bool:
@@ -223,18 +224,20 @@ class Turns:
             return self.begin()
 
     @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, *, input_next: bool = True) -> Iterator[None]:
         """One of the turns' transactions after the claim's: under the saga's lock (taken first, as
         by every kernel write: one lock order, no deadlocks), first a renewal of the lease, which
         proves this task holds the turn, and last the new transcript entries. That proof is also
         what makes the saga's copy `current` (saga_transaction): its status is not read again. The
         renewal's answer is read last, before the commit (on PostgreSQL the server fails the
         transaction instead: actions.turn_lost()): nothing waits for it in between, and a turn that
-        another worker took over rolls back whole."""
+        another worker took over rolls back whole. With `input_next`, a turn's input may be taken
+        in it: its steering is read ahead with the renewal."""
         try:
             with actions.saga_transaction(self.collaborator.saga, current=True):
                 held = actions.prove_lease(run_id=self.run.pk, turn=self.turn)
-                with actions.unread_ahead(self.collaborator.pk, actions.read_ahead(self.run.pk)):
+                unread = actions.read_ahead(self.run.pk) if input_next else None
+                with actions.unread_ahead(self.collaborator.pk, unread):
                     yield
                 if not held():
                     raise LostTurn
