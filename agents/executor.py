@@ -95,31 +95,47 @@ def heartbeat() -> Heartbeat:
 def run_turn(run_id: str, *, worker: str = "") -> None:
     """The turns of one run; `worker` is this worker's node name, recorded on the run and in the
     journal so that operators can tell which host ran what."""
-    turns: Turns | None = None
-    here: list[str] = []
     try:
-        ahead = partial(transcripts.read_ahead, run_id)
-        with actions.claimed_run(_CLAIMED_RUN_SQL, run_id, AgentProfile, worker=worker, ahead=ahead) as claimed:
-            if claimed is None:
-                return  # a redelivered doorbell, or another worker holds the run
-            turns = Turns(claimed, worker=worker)
-            heartbeat().add(turns)
-            go_on = turns.start()
-        turns.execute(go_on)
-        keep_transcript(turns.transcript, turn=turns.turn)
-        if is_brain_worker(turns.collaborator.name):  # its orchestration may be ready to move on
-            here = ring_orchestrator(turns.saga_id, turns.collaborator.name)
-    except LostTurn:
-        assert turns is not None
-        logger.info("run %s: turn %s is another worker's; stopping", run_id, turns.turn)
+        turns = claim_turns(run_id, worker=worker)
     finally:
-        if turns is not None:
-            heartbeat().remove(turns)
-            turns.mcp.release(still_active=turns.still_active)
         if connection.errors_occurred:  # the next task starts on a fresh connection
             connection.close()
-    for next_run in here:  # the orchestration's next worker (the primary, the reviewer): in this task
-        run_turn(next_run, worker=worker)
+    if turns is not None:
+        run_claimed(turns)
+
+
+def claim_turns(run_id: str, *, worker: str = "") -> "Turns | None":
+    """Claim the run's next turn and start it (start()), in a transaction of its own; or, called
+    inside one (an orchestration step's, which has just created the run for this task), in that
+    one: one commit for both. None: a redelivered doorbell, or another worker holds the run."""
+    ahead = partial(transcripts.read_ahead, run_id)
+    with actions.claimed_run(_CLAIMED_RUN_SQL, run_id, AgentProfile, worker=worker, ahead=ahead) as claimed:
+        if claimed is None:
+            return None
+        turns = Turns(claimed, worker=worker)
+        turns.go_on = turns.start()
+    return turns
+
+
+def run_claimed(turns: "Turns") -> None:
+    """The turns of a claimed run after its claim's commit, then the runs its orchestration's next
+    step handed to this task (the primary, the reviewer), claimed in that step's transaction."""
+    here: list[Turns] = []
+    heartbeat().add(turns)
+    try:
+        turns.execute(turns.go_on)
+        keep_transcript(turns.transcript, turn=turns.turn)
+        if is_brain_worker(turns.collaborator.name):  # its orchestration may be ready to move on
+            here = ring_orchestrator(turns.saga_id, turns.collaborator.name, worker=turns.worker)
+    except LostTurn:
+        logger.info("run %s: turn %s is another worker's; stopping", turns.run.pk, turns.turn)
+    finally:
+        heartbeat().remove(turns)
+        turns.mcp.release(still_active=turns.still_active)
+        if connection.errors_occurred:  # the next task starts on a fresh connection
+            connection.close()
+    for next_turns in here:
+        run_claimed(next_turns)
 
 
 # The run a task starts on, in one statement, sent with its claim: the kernel's read of a claimed run
@@ -160,6 +176,7 @@ class Turns:
         self.context = ""  # what a prompt's SubagentStart hooks added to this worker's task
         self.pending: starts.Pending | None = None  # those hooks, to run after the claim's commit
         self.rested: Callable[[], str | None] | None = None  # a rest's status, read after its commit
+        self.go_on = False  # whether the turn start() began goes on to a model call
         profile, kind, name, *self.start_read = claimed.also
         self.profile: AgentProfile | None = profile  # None: the turn fails the run (begin())
         self.mcp = mcp.RunTools(run.pk, profile.mcp_servers if profile else [])
@@ -499,13 +516,14 @@ _TEAM_TOKENS_SQL = prepared(
 )
 
 
-def ring_orchestrator(saga_id: Any, name: str) -> list[str]:
+def ring_orchestrator(saga_id: Any, name: str, *, worker: str) -> "list[Turns]":
     """A worker of a prompt rested: its orchestration may be ready for the next step. Advanced here,
     after this run's last commit, rather than by one more task; and the run that step starts (the
-    primary, the reviewer) is returned to run in this task too: two doorbell hops less between the
-    last worker's answer and the primary's first turn. A failure here loses nothing (the periodic
-    resume rings every running prompt, the reconciler every queued run)."""
-    return advance_after(str(saga_id), name)
+    primary, the reviewer) is claimed in the step's transaction, to run in this task too: two
+    doorbell hops less between the last worker's answer and the primary's first turn. A failure
+    here loses nothing (the periodic resume rings every running prompt, the reconciler every queued
+    run, and a run claimed here and never run is reclaimed when its lease lapses)."""
+    return advance_after(str(saga_id), name, worker=worker)
 
 
 def tool_message(call_id: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import json
 import logging
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection
@@ -39,6 +39,9 @@ from config.sql import columns, db_value, fetch, placeholders, prepared, update
 from journal.actions import record
 from sagas import actions, errors
 from sagas.models import Collaborator, Run, Saga
+
+if TYPE_CHECKING:
+    from agents.executor import Turns
 
 logger = logging.getLogger(__name__)
 Step = Prompt.Step
@@ -88,12 +91,13 @@ def running_prompts(saga_id: str, lead: str) -> list[Prompt]:
     return read_prompts(_RUNNING_PROMPTS_SQL, [db_value(Saga, "id", saga_id), lead, Prompt.Status.RUNNING])
 
 
-def advance(prompt_id: str, read: Prompt | None = None) -> list[str]:
+def advance(prompt_id: str, read: Prompt | None = None, *, worker: str = "") -> "list[Turns]":
     """Move the prompt through every step that is ready now (`read`: the prompt, just read by the
     caller, for the first step). Returns the runs a step created for the caller to run at once, in
     this task, rather than through one more Celery hand-off (one per step: the first support
-    worker, the primary, the reviewer; see `start`)."""
-    here: list[str] = []
+    worker, the primary, the reviewer), claimed for `worker` (this task's node name) and started
+    in the step's transaction (see `start`)."""
+    here = Here(worker)
     for _ in range(len(Step)):
         prompt, read = read or read_prompt(prompt_id), None
         if prompt is None or prompt.step == Step.DONE or prompt.lead is None:
@@ -110,7 +114,7 @@ def advance(prompt_id: str, read: Prompt | None = None) -> list[str]:
 # --- the steps -----------------------------------------------------------------------------------
 
 
-def route(prompt: Prompt, here: list[str]) -> bool:
+def route(prompt: Prompt, here: "Here") -> bool:
     brain = prompt.brain
     if not claim_routing(prompt):
         return False  # another task is routing (or running hooks); a lapsed lease (a killed worker) frees it
@@ -155,7 +159,7 @@ def route(prompt: Prompt, here: list[str]) -> bool:
     return True
 
 
-def workers(prompt: Prompt, here: list[str]) -> bool:
+def workers(prompt: Prompt, here: "Here") -> bool:
     plan = prompt.plan or {}
     planned = plan.get("workers", [])
     found = outcomes(prompt, [w["role"] for w in planned if not w.get("blocked")])
@@ -207,7 +211,7 @@ def workers(prompt: Prompt, here: list[str]) -> bool:
     return True
 
 
-def primary(prompt: Prompt, here: list[str]) -> bool:
+def primary(prompt: Prompt, here: "Here") -> bool:
     outcome = outcomes(prompt, ["primary"]).get("primary")
     if outcome is None:
         return False
@@ -239,7 +243,7 @@ def primary(prompt: Prompt, here: list[str]) -> bool:
     return True
 
 
-def review(prompt: Prompt, here: list[str]) -> bool:
+def review(prompt: Prompt, here: "Here") -> bool:
     outcome = outcomes(prompt, ["review"]).get("review")
     if outcome is None:
         return False
@@ -342,7 +346,7 @@ def request_text(prompt: Prompt) -> str:
     return prompt.expanded or prompt.text
 
 
-STEPS: dict[str, Callable[[Prompt, list[str]], bool]] = {
+STEPS: dict[str, Callable[[Prompt, "Here"], bool]] = {
     Step.ROUTING: route,
     Step.WORKERS: workers,
     Step.PRIMARY: primary,
@@ -443,7 +447,7 @@ def review_handoff(prompt: Prompt) -> handoffs.Handoff:
     )  # fmt: skip
 
 
-def start_all(prompt: Prompt, tasks: dict[str, str], here: list[str]) -> None:
+def start_all(prompt: Prompt, tasks: dict[str, str], here: "Here") -> None:
     """Delegate the support workers from the lead, all in one kernel action. The first one runs in
     the task that advanced this step (its process is free from now on: `here`); the others' first
     turns are rung after commit."""
@@ -458,20 +462,38 @@ def start_all(prompt: Prompt, tasks: dict[str, str], here: list[str]) -> None:
             for index, (role, task) in enumerate(tasks.items())
         ],
     )  # fmt: skip
-    here += [str(collaborator.run.pk) for collaborator, _ in added[:1]]
+    here.claim(added[0][0].run.pk)
 
 
-def start(prompt: Prompt, slot: str, *, role: str, task: str, here: list[str] | None = None) -> None:
+def start(prompt: Prompt, slot: str, *, role: str, task: str, here: "Here | None" = None) -> None:
     """Delegate one worker from the lead. Its first turn is rung after commit; or, given `here`,
-    its run is added there for this task to run once the step's transaction commits (a crash
-    before that leaves it queued, and the reconciler rings it)."""
+    claimed in the step's transaction for this task to run once that commits."""
     assert prompt.lead is not None
     collaborator, _ = actions.add_agent(
         saga=prompt.saga, name=prompt.worker_name(slot), role=role, task=task, runtime=Collaborator.Runtime.INTERNAL,
         profile=prompt.brain.roles[role], parent=prompt.lead.handle, by=prompt.lead.user, ring=here is None,
     )  # fmt: skip
     if here is not None:
-        here.append(str(collaborator.run.pk))
+        here.claim(collaborator.run.pk)
+
+
+class Here(list["Turns"]):
+    """The runs a step hands to the task that advanced it (one per step: the first support worker,
+    the primary, the reviewer), rather than through one more Celery hand-off: each claimed for that
+    task's `worker` (its node name) and started in the step's transaction, so that one commit
+    covers both. The task runs them once it has committed; a crash meanwhile leaves a claimed run
+    whose lease lapses, and the reconciler queues it again."""
+
+    def __init__(self, worker: str) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def claim(self, run_id: str) -> None:
+        from agents.executor import claim_turns  # which imports this module (through the tasks)
+
+        turns = claim_turns(run_id, worker=self.worker)
+        assert turns is not None, "a run created queued in this transaction, under the saga's lock"
+        self.append(turns)
 
 
 def move(prompt: Prompt, frm: str, to: str, **fields: Any) -> bool:

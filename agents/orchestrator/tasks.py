@@ -1,10 +1,12 @@
 """Thin tasks: ids in, re-fetch, advance; safe to run twice (every step is a compare-and-set).
 
-A step may leave runs for the task that advanced it to run at once (`steps.advance`): the task
-runs them itself, the way a `run_turn` task would, one Celery hand-off less each.
+A step may leave runs for the task that advanced it to run at once (`steps.advance`), claimed in
+its transaction: the task runs them itself, the way a `run_turn` task would, one Celery hand-off
+and one transaction less each.
 """
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from celery import Task, shared_task
 from django.conf import settings
@@ -14,33 +16,36 @@ from agents.orchestrator import steps
 from agents.orchestrator.actions import ring_prompt
 from agents.orchestrator.models import LEAD_PREFIX, Prompt
 
+if TYPE_CHECKING:
+    from agents.executor import Turns
+
 
 @shared_task(name="agents.orchestrator.advance_prompt", acks_late=True, bind=True)
 def advance_prompt(self: Task, prompt_id: str) -> None:
-    run_here(steps.advance(prompt_id), worker=self.request.hostname or "")
+    run_here(steps.advance(prompt_id, worker=self.request.hostname or ""))
 
 
 @shared_task(name="agents.orchestrator.worker_rested", acks_late=True, bind=True)
 def worker_rested(self: Task, saga_id: str, name: str) -> None:
-    run_here(advance_after(saga_id, name), worker=self.request.hostname or "")
+    run_here(advance_after(saga_id, name, worker=self.request.hostname or ""))
 
 
-def advance_after(saga_id: str, name: str) -> list[str]:
+def advance_after(saga_id: str, name: str, *, worker: str) -> "list[Turns]":
     """A task of a prompt's worker ended: maybe its step is ready. The executor calls this after
     the worker's last commit, and runs what it returns (see `steps.advance`)."""
     lead = name.split(".", 1)[0]
-    here: list[str] = []
+    here: list[Turns] = []
     for prompt in steps.running_prompts(saga_id, lead):
-        here += steps.advance(str(prompt.pk), prompt)
+        here += steps.advance(str(prompt.pk), prompt, worker=worker)
     return here
 
 
-def run_here(run_ids: list[str], *, worker: str) -> None:
+def run_here(claimed: "list[Turns]") -> None:
     # Imported here: the executor imports this module (it rings the orchestrator when a worker rests).
-    from agents.executor import run_turn
+    from agents.executor import run_claimed
 
-    for run_id in run_ids:
-        run_turn(run_id, worker=worker)
+    for turns in claimed:
+        run_claimed(turns)
 
 
 @shared_task(name="agents.orchestrator.resume_prompts")

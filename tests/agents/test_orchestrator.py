@@ -382,19 +382,36 @@ def test_the_periodic_resume_leaves_fresh_orchestrations_alone(
 def test_the_routing_task_runs_the_first_support_worker_itself(
     fake_brain: None, saga: Saga, alice: User, redis_url: str, settings: LazySettings
 ) -> None:
-    """The first support worker costs no Celery hand-off: its run is handed back to the task that
-    routed, and only the others' first turns are queued."""
+    """The first support worker costs no Celery hand-off and no claim of its own: its run is
+    claimed for the task that routed, in the routing step's transaction, and handed back to run;
+    only the others' first turns are queued. A task that dies before it runs it loses nothing:
+    the lease lapses, and the reconciler queues the run again."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
     from agents.orchestrator import steps
     from agents.orchestrator.actions import submit_prompt
+    from sagas.models import Run
+    from sagas.tasks import reconcile
     from sagas.wakeups import RUN_TURN_TASK
 
     settings.AGORA_HOOKS_INLINE = True  # the routing step runs hooks (none here), in this process
     # Forced roles: no router call, the same support workers.
     prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement it.", brain="fake", team=["tester", "writer"])
 
-    here = steps.advance(str(prompt.pk))
+    here = steps.advance(str(prompt.pk), worker="w1@host")
 
     tester, writer = (Collaborator.objects.get(saga=saga, name=prompt.worker_name(r)) for r in ("tester", "writer"))
-    assert here == [tester.run.pk]
-    assert queued(redis_url, RUN_TURN_TASK) == [writer.run.pk]
-    assert tester.run.status == writer.run.status == "queued"
+    assert [turns.run.pk for turns in here] == [tester.run.pk]
+    assert queued(redis_url, RUN_TURN_TASK, take=True) == [writer.run.pk]
+    assert (tester.run.status, tester.run.turn, tester.run.worker) == ("running", 1, "w1@host")
+    assert writer.run.status == "queued"
+    started = JournalEvent.objects.filter(saga=saga, type="worker_start").values_list("actor", "data__worker")
+    assert list(started) == [(tester.handle, "w1@host")]  # its turn began in that transaction
+
+    # w1 dies before it runs the turn: once the lease lapses, the run is queued again and rung.
+    Run.objects.filter(pk=tester.run.pk).update(lease_until=timezone.now() - timedelta(seconds=1))
+    reconcile()
+    assert Run.objects.get(pk=tester.run.pk).status == "queued"
+    assert tester.run.pk in queued(redis_url, RUN_TURN_TASK)
