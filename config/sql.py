@@ -129,10 +129,15 @@ def fetch_one(sql: str, params: Sequence[Any], *shape: type[models.Model], plain
     return rows[0] if rows else None
 
 
-def update(model: type[models.Model], where: dict[str, Any], *, later: bool = False, **changes: Any) -> int:
+def update(
+    model: type[models.Model], where: dict[str, Any], *, later: bool = False, or_fail: str = "", **changes: Any
+) -> int:
     """`model.objects.filter(**where).update(**changes)` as one plain statement, for equality (a
     list or tuple value: any of them). The number of rows it changed; with `later` it is deferred
-    (defer()) and returns -1."""
+    (defer()) and returns -1. With `or_fail`, the name of a server function of the number of rows
+    changed that fails the transaction when it is 0 (a PostgreSQL migration creates it): on
+    PostgreSQL the statement is deferred and returns 1, and a caller that changed nothing finds out
+    from the error its transaction then raises; elsewhere it runs at once, as without."""
     meta = model._meta
     sets = [f'"{meta.get_field(name).column}" = %s' for name in changes]  # type: ignore[union-attr]
     params = [db_value(model, name, value) for name, value in changes.items()]
@@ -142,6 +147,9 @@ def update(model: type[models.Model], where: dict[str, Any], *, later: bool = Fa
         conditions.append(f'"{meta.get_field(name).column}" IN ({placeholders(len(values))})')  # type: ignore[union-attr]
         params += [db_value(model, name, v) for v in values]
     sql = Statement(f"UPDATE {meta.db_table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}")
+    if or_fail and db().vendor == "postgresql":
+        defer(Statement(f"WITH changed AS ({sql} RETURNING 1) SELECT {or_fail}(count(*)) FROM changed"), params)
+        return 1
     if later:
         defer(sql, params)
         return -1

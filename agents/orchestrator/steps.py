@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from accounts.models import User
@@ -102,13 +102,24 @@ def advance(prompt_id: str, read: Prompt | None = None, *, worker: str = "") -> 
         prompt, read = read or read_prompt(prompt_id), None
         if prompt is None or prompt.step == Step.DONE or prompt.lead is None:
             break
-        if prompt.saga.is_finished:  # its workers were ended with the saga; no step may start more
-            fail(prompt, prompt.step, f"The saga was {prompt.saga.status}.")
-            break
         handed = len(here)
-        if not STEPS[prompt.step](prompt, here) or len(here) > handed:
+        if not take_step(prompt, here) or len(here) > handed:
             break  # unready, or it handed back a run the next step waits for: nothing more to do now
     return here
+
+
+def take_step(prompt: Prompt, here: "Here") -> bool:
+    """The prompt's next step; False when its work is unfinished, or when another task moved the
+    prompt first (move()): then this step's transaction wrote nothing."""
+    try:
+        if prompt.saga.is_finished:  # its workers were ended with the saga; no step may start more
+            fail(prompt, prompt.step, f"The saga was {prompt.saga.status}.")
+            return False
+        return STEPS[prompt.step](prompt, here)
+    except DatabaseError as exc:
+        if not moved_first(exc):
+            raise
+        return False
 
 
 # --- the steps -----------------------------------------------------------------------------------
@@ -497,12 +508,25 @@ class Here(list["Turns"]):
 
 
 def move(prompt: Prompt, frm: str, to: str, **fields: Any) -> bool:
-    """The compare-and-set every step ends with; False: another doorbell already moved it."""
-    moved = update(Prompt, {"id": prompt.pk, "step": frm}, step=to, updated_at=timezone.now(), **fields)
+    """The compare-and-set every step ends with; False: another doorbell already moved it. On
+    PostgreSQL the step goes on without waiting for the answer: the server fails the step's
+    transaction instead (agora_step_moved(), agents/migrations/0007), and advance() reads that
+    error as this False (moved_first())."""
+    moved = update(
+        Prompt, {"id": prompt.pk, "step": frm}, or_fail="agora_step_moved", step=to, updated_at=timezone.now(), **fields
+    )
     for key, value in fields.items():
         setattr(prompt, key, value)
     prompt.step = to if moved else prompt.step
     return bool(moved)
+
+
+def moved_first(exc: BaseException) -> bool:
+    """Whether a database error is the server's word that another task moved the prompt first."""
+    return getattr(exc.__cause__, "sqlstate", None) == STEP_MOVED
+
+
+STEP_MOVED = "AG002"  # the SQLSTATE of agora_step_moved()'s error
 
 
 def fail(prompt: Prompt, frm: str, reason: str, *, settled: list[Outcome] | None = None) -> bool:

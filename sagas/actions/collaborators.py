@@ -18,7 +18,7 @@ from journal.actions import record
 from sagas import errors
 from sagas.access import ADDRESS_PERM, Member, SagaTree, may_manage, permission_id
 from sagas.actions.caps import check_delegate_caps
-from sagas.actions.locking import lock_open_saga
+from sagas.actions.locking import check_open, lock_open_saga, lock_saga, locked_status
 from sagas.actions.payloads import check_goal
 from sagas.models import Collaborator, Delegation, Run, Saga
 from sagas.wakeups import ring_run_after_commit
@@ -87,11 +87,13 @@ def add_agents(
     runs, permissions), so that a Brain's support workers cost one step, not one per worker; the
     writes whose keys nothing here reads (delegations, runs, grants) go with the next statement
     (config.sql.defer). Returns each collaborator, in order, with its token (external agents only)."""
-    saga = lock_open_saga(saga.pk)
+    saga = lock_saga(saga.pk)
     # Read once: who acts, the parent, the names taken, the caps, the grants; sent with the
-    # profile names' read (one message on PostgreSQL).
+    # profile names' read, which brings the saga's status too when the caller's transaction holds
+    # its lock already (one message on PostgreSQL).
     tree_later = SagaTree.shape_later(saga)
     check_new_agents(agents)
+    check_open(locked_status(saga))
     tree = tree_later()
     acting = next((c for c in tree.members.values() if c.user_id == by.pk), None)
     delegator = resolve_parent(tree, parent, by=by, acting=acting)

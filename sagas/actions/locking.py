@@ -52,6 +52,12 @@ def lock_open_saga(saga_id: Any) -> Saga:
     the same with lock_saga() and check_open(), reading the status with the rest it decides on.
     What ends work (replies, cancellations, a turn coming to rest, shutdowns) takes lock_saga()."""
     saga = lock_saga(saga_id)
+    check_open(locked_status(saga))
+    return saga
+
+
+def locked_status(saga: Saga) -> str:
+    """The status of a saga whose lock this transaction holds (lock_saga()), as of the lock."""
     status = saga.status
     held = _held_lock.get()
     if held is not None and held.saga is saga and not held.current:
@@ -64,8 +70,7 @@ def lock_open_saga(saga_id: Any) -> Saga:
                 cursor.execute(_STATUS_SQL, [db_value(Saga, "id", saga.pk)])
                 rows = cursor.fetchall()
         status = rows[0][0] if rows else status
-    check_open(status)
-    return saga
+    return str(status)
 
 
 def check_open(status: str) -> None:

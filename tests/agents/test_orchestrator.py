@@ -415,3 +415,34 @@ def test_the_routing_task_runs_the_first_support_worker_itself(
     reconcile()
     assert Run.objects.get(pk=tester.run.pk).status == "queued"
     assert tester.run.pk in queued(redis_url, RUN_TURN_TASK)
+
+
+def test_a_step_whose_copy_is_stale_loses_its_compare_and_set_and_writes_nothing(
+    fake_brain: None, saga: Saga, alice: User, redis_url: str, settings: LazySettings
+) -> None:
+    """Two doorbells for one ready step (a redelivery, a re-ring): the one that moves second finds
+    the prompt moved, and its transaction writes nothing (on PostgreSQL the server fails it:
+    agora_step_moved)."""
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+    from sagas import actions
+    from sagas.models import Run
+
+    settings.AGORA_HOOKS_INLINE = True  # the steps run hooks (none here), in this process
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement it.", brain="fake", team=["tester", "writer"])
+    steps.advance(str(prompt.pk))  # routed: both support workers delegated
+    for role in ("tester", "writer"):  # and both answered
+        run = Run.objects.select_related("collaborator").get(collaborator__saga=saga,
+                                                             collaborator__name=prompt.worker_name(role))  # fmt: skip
+        actions.finish_run(run=run, status="completed", result={"summary": f"{role} done"})
+    stale = steps.read_prompt(str(prompt.pk))  # read by the second doorbell, before the first moves it
+
+    assert steps.advance(str(prompt.pk)) == []  # the first: the team's answer
+    written = types(saga)
+    assert written.count("prompt.completed") == 1
+
+    assert steps.advance(str(prompt.pk), stale) == []  # the second, with its copy still at `workers`
+    assert types(saga) == written
+    after = Prompt.objects.get(pk=prompt.pk)
+    assert (after.status, after.step) == ("completed", "done")
+    assert after.answer == "## tester (completed)\ntester done\n\n## writer (completed)\nwriter done"
