@@ -25,7 +25,8 @@ from agents.hooks.lifecycle import CONTEXT_HEADING
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator import starts
-from agents.orchestrator.tasks import advance_after, is_brain_worker
+from agents.orchestrator.models import Prompt
+from agents.orchestrator.tasks import advance_after, is_brain_worker, read_ahead
 from agents.providers import Completion, ProviderError, provider_for
 from agents.tools import Call, execute, schemas
 from agents.transcripts import Transcript, keep_transcript, take_transcript
@@ -126,7 +127,7 @@ def run_claimed(turns: "Turns") -> None:
         turns.execute(turns.go_on)
         keep_transcript(turns.transcript, turn=turns.turn)
         if is_brain_worker(turns.collaborator.name):  # its orchestration may be ready to move on
-            here = ring_orchestrator(turns.saga_id, turns.collaborator.name, worker=turns.worker)
+            here = ring_orchestrator(turns)
     except LostTurn:
         logger.info("run %s: turn %s is another worker's; stopping", turns.run.pk, turns.turn)
     finally:
@@ -177,6 +178,9 @@ class Turns:
         self.pending: starts.Pending | None = None  # those hooks, to run after the claim's commit
         self.rested: Callable[[], str | None] | None = None  # a rest's status, read after its commit
         self.go_on = False  # whether the turn start() began goes on to a model call
+        # What ring_orchestrator() reads, read by the transaction that ended this task's turns
+        # (read_for_orchestrator()); None when the last transaction did not end them.
+        self.orchestrator_read: Callable[[], list[Prompt]] | None = None
         profile, kind, name, *self.start_read = claimed.also
         self.profile: AgentProfile | None = profile  # None: the turn fails the run (begin())
         self.mcp = mcp.RunTools(run.pk, profile.mcp_servers if profile else [])
@@ -250,6 +254,7 @@ class Turns:
         transaction instead: actions.turn_lost()): nothing waits for it in between, and a turn that
         another worker took over rolls back whole. With `input_next`, a turn's input may be taken
         in it: its steering is read ahead with the renewal."""
+        self.orchestrator_read = None
         try:
             with actions.saga_transaction(self.collaborator.saga, current=True):
                 held = actions.prove_lease(run_id=self.run.pk, turn=self.turn)
@@ -320,6 +325,7 @@ class Turns:
         self.ended(status)
         if not more:
             self.rested = status
+            self.read_for_orchestrator()
             return False
         if status() != Run.Status.RUNNING:
             return False
@@ -490,7 +496,15 @@ class Turns:
         actions.finish_run(run=self.run, status=status, result=result, error=error, worker=self.worker)
         self.ended(lambda: status)
         self.journal("worker_end", {"status": status, "result": result, "error": error, "worker": self.worker})
+        self.read_for_orchestrator()
         return False
+
+    def read_for_orchestrator(self) -> None:
+        """A prompt's worker whose run finished or came to rest: this transaction, which ends the
+        task's turns (unless steering keeps the run: steered()), reads with its COMMIT what the
+        orchestration's next step needs (read_ahead()): no round trip of its own."""
+        if is_brain_worker(self.collaborator.name):
+            self.orchestrator_read = read_ahead(self.saga_id, self.collaborator.name)
 
     def ended(self, status: Callable[[], str | None]) -> None:
         """Count the turn once its transaction commits, by the run's status then: `running` goes
@@ -516,14 +530,16 @@ _TEAM_TOKENS_SQL = prepared(
 )
 
 
-def ring_orchestrator(saga_id: Any, name: str, *, worker: str) -> "list[Turns]":
+def ring_orchestrator(turns: Turns) -> "list[Turns]":
     """A worker of a prompt rested: its orchestration may be ready for the next step. Advanced here,
-    after this run's last commit, rather than by one more task; and the run that step starts (the
-    primary, the reviewer) is claimed in the step's transaction, to run in this task too: two
-    doorbell hops less between the last worker's answer and the primary's first turn. A failure
-    here loses nothing (the periodic resume rings every running prompt, the reconciler every queued
-    run, and a run claimed here and never run is reclaimed when its lease lapses)."""
-    return advance_after(str(saga_id), name, worker=worker)
+    after this run's last commit, rather than by one more task (with what that commit's
+    transaction read for it, if it ended the turns); and the run that step starts (the primary, the
+    reviewer) is claimed in the step's transaction, to run in this task too: two doorbell hops less
+    between the last worker's answer and the primary's first turn. A failure here loses nothing
+    (the periodic resume rings every running prompt, the reconciler every queued run, and a run
+    claimed here and never run is reclaimed when its lease lapses)."""
+    name = turns.collaborator.name
+    return advance_after(str(turns.saga_id), name, worker=turns.worker, ahead=turns.orchestrator_read)
 
 
 def tool_message(call_id: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -92,6 +92,9 @@ class Prompt(models.Model):
     # Not a column: the lifecycle events its brain has handlers for, when this copy was read with
     # them (an orchestration step's: steps.read_prompts); None when not.
     hooked_events: frozenset[str] | None = None
+    # Not a column: the runs of its lead's workers (each with its collaborator), when this copy was
+    # read with them (steps.prompts_ahead); None when not.
+    runs_read: list[list[Any]] | None = None
 
     class Meta:
         app_label = "agents"

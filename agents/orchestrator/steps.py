@@ -35,7 +35,7 @@ from agents.mcp import runtime as mcp
 from agents.models import TranscriptEntry, profile_named
 from agents.orchestrator import handoffs, plans, router
 from agents.orchestrator.models import Brain, Prompt
-from config.sql import columns, db_value, fetch, placeholders, prepared, update
+from config.sql import columns, db_value, fetch, fetch_later, placeholders, prepared, update
 from journal.actions import record
 from sagas import actions, errors
 from sagas.models import Collaborator, Run, Saga
@@ -68,9 +68,15 @@ _PROMPT_SQL = _PROMPTS + "WHERE p.id = %s"
 _RUNNING_PROMPTS_SQL = _PROMPTS + "WHERE p.saga_id = %s AND l.name = %s AND p.status = %s"
 
 
+_PROMPT_SHAPE = (Prompt, Brain, Saga, Collaborator, User, Run, User)
+
+
 def read_prompts(sql: str, params: list[Any]) -> list[Prompt]:
+    return loaded_prompts(fetch(sql, params, *_PROMPT_SHAPE))
+
+
+def loaded_prompts(rows: list[list[Any]]) -> list[Prompt]:
     found = []
-    rows = fetch(sql, params, Prompt, Brain, Saga, Collaborator, User, Run, User)
     for prompt, brain, saga, lead, user, run, prompt.submitted_by, *handled in rows:
         prompt.brain, prompt.saga, prompt.lead = brain, saga, lead
         prompt.hooked_events = frozenset(event for event, yes in zip(Event, handled, strict=True) if yes)
@@ -89,6 +95,24 @@ def read_prompt(prompt_id: str) -> Prompt | None:
 def running_prompts(saga_id: str, lead: str) -> list[Prompt]:
     """The running prompts of the lead named `lead` in this saga."""
     return read_prompts(_RUNNING_PROMPTS_SQL, [db_value(Saga, "id", saga_id), lead, Prompt.Status.RUNNING])
+
+
+def prompts_ahead(saga_id: Any, lead: str) -> Callable[[], list[Prompt]]:
+    """running_prompts(), each with the runs of the lead's workers (`runs_read`, which outcomes()
+    takes in place of a read of its own), read with the next statement or the COMMIT of the
+    caller's transaction (config.sql.fetch_later): a prompt's worker reads them in the transaction
+    that ends its task, for the step its ending may have made ready (agents.executor)."""
+    saga_param = db_value(Saga, "id", saga_id)
+    prompts = fetch_later(_RUNNING_PROMPTS_SQL, [saga_param, lead, Prompt.Status.RUNNING], *_PROMPT_SHAPE)
+    runs = fetch_later(_LEAD_RUNS_SQL, [saga_param, f"{lead}.%"], Run, Collaborator)
+
+    def read() -> list[Prompt]:
+        found = loaded_prompts(prompts())
+        for prompt in found:
+            prompt.runs_read = runs()
+        return found
+
+    return read
 
 
 def advance(prompt_id: str, read: Prompt | None = None, *, worker: str = "") -> "list[Turns]":
@@ -391,8 +415,13 @@ def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
     found: dict[str, Outcome] = {}
     if not names:
         return found
-    sql = _RUNS_SQL.format(ids=placeholders(len(names)))
-    for run, collaborator in fetch(sql, [db_value(Saga, "id", prompt.saga_id), *names], Run, Collaborator):
+    rows = prompt.runs_read
+    if rows is None:
+        rows = fetch(_RUNS_SQL.format(ids=placeholders(len(names))), [db_value(Saga, "id", prompt.saga_id), *names],
+                     Run, Collaborator)  # fmt: skip
+    for run, collaborator in rows:
+        if collaborator.name not in names:
+            continue
         run.collaborator = collaborator
         slot = names[collaborator.name]
         if run.status == Run.Status.COMPLETED:
@@ -404,11 +433,12 @@ def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
     return found
 
 
-_RUNS_SQL = (
+_RUNS = (
     f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')} FROM {Run._meta.db_table} r "
     f"JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id "
-    "WHERE c.saga_id = %s AND c.name IN ({ids})"
 )
+_RUNS_SQL = _RUNS + "WHERE c.saga_id = %s AND c.name IN ({ids})"
+_LEAD_RUNS_SQL = prepared(_RUNS + "WHERE c.saga_id = %s AND c.name LIKE %s")  # the lead's workers: `lead.%`
 
 
 def last_text(run: Run) -> str:

@@ -5,8 +5,9 @@ its transaction: the task runs them itself, the way a `run_turn` task would, one
 and one transaction less each.
 """
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from celery import Task, shared_task
 from django.conf import settings
@@ -30,14 +31,29 @@ def worker_rested(self: Task, saga_id: str, name: str) -> None:
     run_here(advance_after(saga_id, name, worker=self.request.hostname or ""))
 
 
-def advance_after(saga_id: str, name: str, *, worker: str) -> "list[Turns]":
+def advance_after(
+    saga_id: str, name: str, *, worker: str, ahead: Callable[[], list[Prompt]] | None = None
+) -> "list[Turns]":
     """A task of a prompt's worker ended: maybe its step is ready. The executor calls this after
-    the worker's last commit, and runs what it returns (see `steps.advance`)."""
-    lead = name.split(".", 1)[0]
+    the worker's last commit, and runs what it returns (see `steps.advance`); `ahead`: what that
+    last transaction read for it (read_ahead())."""
     here: list[Turns] = []
-    for prompt in steps.running_prompts(saga_id, lead):
+    for prompt in ahead() if ahead is not None else steps.running_prompts(saga_id, lead_of(name)):
         here += steps.advance(str(prompt.pk), prompt, worker=worker)
     return here
+
+
+def read_ahead(saga_id: Any, name: str) -> Callable[[], list[Prompt]]:
+    """What advance_after() reads, read in the worker's transaction that ends its task (its run
+    finished or came to rest), with its COMMIT: on PostgreSQL no round trip, and none for the
+    outcomes either when that ending makes the step ready. The reads see that ending and every
+    commit before it, under the saga's lock; a worker whose ending commits later reads this one's
+    in turn, as when each read after its own commit."""
+    return steps.prompts_ahead(saga_id, lead_of(name))
+
+
+def lead_of(name: str) -> str:
+    return name.split(".", 1)[0]
 
 
 def run_here(claimed: "list[Turns]") -> None:

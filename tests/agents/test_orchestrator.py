@@ -446,3 +446,32 @@ def test_a_step_whose_copy_is_stale_loses_its_compare_and_set_and_writes_nothing
     after = Prompt.objects.get(pk=prompt.pk)
     assert (after.status, after.step) == ("completed", "done")
     assert after.answer == "## tester (completed)\ntester done\n\n## writer (completed)\nwriter done"
+
+
+def test_a_workers_ending_transaction_reads_what_the_step_it_makes_ready_needs(
+    default_brain: None, saga: Saga, alice: User, redis_url: str, settings: LazySettings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The transaction that ends a prompt's worker's task reads, with its COMMIT, the running
+    prompts of its lead and its fellow workers' runs: the step it makes ready (or finds unready)
+    reads neither again (on PostgreSQL: no round trip for either)."""
+    from agents.executor import run_claimed, run_turn
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+
+    settings.AGORA_HOOKS_INLINE = True  # the steps run hooks (none here), in this process
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Test and document it.", team=["tester", "writer"])
+    (tester,) = steps.advance(str(prompt.pk), worker="w1@host")  # the writer's first turn is queued
+    writer = Collaborator.objects.get(saga=saga, name=prompt.worker_name("writer"))
+
+    fetched: list[str] = []
+    fetch = steps.fetch
+    monkeypatch.setattr(steps, "fetch", lambda sql, *args, **kw: fetched.append(sql) or fetch(sql, *args, **kw))
+    monkeypatch.setattr(steps, "running_prompts", None)  # called: a TypeError
+
+    run_turn(writer.run.pk, worker="w2@host")  # ends first: its step is not ready
+    assert Prompt.objects.get(pk=prompt.pk).step == "workers"
+    run_claimed(tester)  # ends last: the team's answer
+    done = Prompt.objects.get(pk=prompt.pk)
+    assert (done.status, [r["role"] for r in done.results]) == ("completed", ["tester", "writer"])
+    assert not [sql for sql in fetched if "c.name IN" in sql]  # the outcomes came with the endings
