@@ -466,7 +466,12 @@ def test_a_workers_ending_transaction_reads_what_the_step_it_makes_ready_needs(
 
     fetched: list[str] = []
     fetch = steps.fetch
-    monkeypatch.setattr(steps, "fetch", lambda sql, *args, **kw: fetched.append(sql) or fetch(sql, *args, **kw))
+
+    def fetch_noted(sql: str, *args: Any, **kwargs: Any) -> list[list[Any]]:
+        fetched.append(sql)
+        return fetch(sql, *args, **kwargs)
+
+    monkeypatch.setattr(steps, "fetch", fetch_noted)
     monkeypatch.setattr(steps, "running_prompts", None)  # called: a TypeError
 
     run_turn(writer.run.pk, worker="w2@host")  # ends first: its step is not ready
