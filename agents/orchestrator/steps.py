@@ -127,8 +127,8 @@ def advance(prompt_id: str, read: Prompt | None = None, *, worker: str = "") -> 
         if prompt is None or prompt.step == Step.DONE or prompt.lead is None:
             break
         handed = len(here)
-        if not take_step(prompt, here) or len(here) > handed:
-            break  # unready, or it handed back a run the next step waits for: nothing more to do now
+        if not take_step(prompt, here) or len(here) > handed or prompt.step == Step.DONE:
+            break  # unready, done, or it handed back a run the next step waits for: nothing more to do now
     return here
 
 
@@ -540,7 +540,7 @@ class Here(list["Turns"]):
 def move(prompt: Prompt, frm: str, to: str, **fields: Any) -> bool:
     """The compare-and-set every step ends with; False: another doorbell already moved it. On
     PostgreSQL the step goes on without waiting for the answer: the server fails the step's
-    transaction instead (agora_step_moved(), agents/migrations/0007), and advance() reads that
+    transaction instead (agora_step_moved(), agents/migrations/0007), and take_step() reads that
     error as this False (moved_first())."""
     moved = update(
         Prompt, {"id": prompt.pk, "step": frm}, or_fail="agora_step_moved", step=to, updated_at=timezone.now(), **fields

@@ -454,7 +454,8 @@ def test_a_workers_ending_transaction_reads_what_the_step_it_makes_ready_needs(
 ) -> None:  # fmt: skip
     """The transaction that ends a prompt's worker's task reads, with its COMMIT, the running
     prompts of its lead and its fellow workers' runs: the step it makes ready (or finds unready)
-    reads neither again (on PostgreSQL: no round trip for either)."""
+    reads neither again, nor the prompt once the step has concluded it (on PostgreSQL: no round trip
+    for any of them)."""
     from agents.executor import run_claimed, run_turn
     from agents.orchestrator import steps
     from agents.orchestrator.actions import submit_prompt
@@ -479,4 +480,4 @@ def test_a_workers_ending_transaction_reads_what_the_step_it_makes_ready_needs(
     run_claimed(tester)  # ends last: the team's answer
     done = Prompt.objects.get(pk=prompt.pk)
     assert (done.status, [r["role"] for r in done.results]) == ("completed", ["tester", "writer"])
-    assert not [sql for sql in fetched if "c.name IN" in sql]  # the outcomes came with the endings
+    assert fetched == []  # the outcomes came with the endings, and the prompt they ended is not read again
