@@ -148,7 +148,7 @@ def update(
         params += [db_value(model, name, v) for v in values]
     sql = Statement(f"UPDATE {meta.db_table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}")
     if or_fail and db().vendor == "postgresql":
-        defer(Statement(f"WITH changed AS ({sql} RETURNING 1) SELECT {or_fail}(count(*)) FROM changed"), params)
+        defer(guarded(f"{sql} RETURNING 1", or_fail), params)
         return 1
     if later:
         defer(sql, params)
@@ -156,6 +156,19 @@ def update(
     with db().cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
+
+
+def guarded(write: str, guard: str) -> Statement:
+    """A write with RETURNING whose row count goes to `guard`, a server function that fails the
+    transaction when it is 0 (config.postgresql.migrations.guard_function): on PostgreSQL a caller
+    that defers the write learns from that error, with its SQLSTATE (failed_with()), that it
+    changed nothing."""
+    return Statement(f"WITH changed AS ({write}) SELECT {guard}(count(*)) FROM changed")
+
+
+def failed_with(exc: BaseException, sqlstate: str) -> bool:
+    """Whether a database error (Django's, wrapping the driver's) carries this SQLSTATE."""
+    return getattr(exc.__cause__, "sqlstate", None) == sqlstate
 
 
 @cache

@@ -35,7 +35,7 @@ from agents.mcp import runtime as mcp
 from agents.models import TranscriptEntry, profile_named
 from agents.orchestrator import handoffs, plans, router
 from agents.orchestrator.models import Brain, Prompt
-from config.sql import columns, db_value, fetch, fetch_later, placeholders, prepared, update
+from config.sql import columns, db_value, failed_with, fetch, fetch_later, placeholders, prepared, update
 from journal.actions import record
 from sagas import actions, errors
 from sagas.models import Collaborator, Run, Saga
@@ -553,7 +553,7 @@ def move(prompt: Prompt, frm: str, to: str, **fields: Any) -> bool:
 
 def moved_first(exc: BaseException) -> bool:
     """Whether a database error is the server's word that another task moved the prompt first."""
-    return getattr(exc.__cause__, "sqlstate", None) == STEP_MOVED
+    return failed_with(exc, STEP_MOVED)
 
 
 STEP_MOVED = "AG002"  # the SQLSTATE of agora_step_moved()'s error

@@ -16,9 +16,11 @@ from config.sql import (
     db,
     db_value,
     defer,
+    failed_with,
     fetch,
     fetch_one,
     found_later,
+    guarded,
     placeholders,
     prepared,
     rows_later,
@@ -261,14 +263,14 @@ TURN_LOST = "AG001"  # the SQLSTATE of agora_turn_held()'s error
 
 def turn_lost(exc: BaseException) -> bool:
     """Whether a database error is the server's word that a turn's lease renewal found no row."""
-    return getattr(exc.__cause__, "sqlstate", None) == TURN_LOST
+    return failed_with(exc, TURN_LOST)
 
 
 _RENEW_SQL = prepared(
     f"UPDATE {Run._meta.db_table} SET turn = %s, lease_until = %s, updated_at = %s "
     "WHERE id = %s AND status = %s AND turn = %s RETURNING id"
 )
-_RENEW_HELD_SQL = prepared(f"WITH renewed AS ({_RENEW_SQL}) SELECT agora_turn_held(count(*)) FROM renewed")
+_RENEW_HELD_SQL = prepared(guarded(_RENEW_SQL, "agora_turn_held"))
 
 
 @transaction.atomic(savepoint=False)
