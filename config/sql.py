@@ -253,20 +253,30 @@ def defer(sql: str, params: Sequence[Any], then: Callable[[list[tuple[Any, ...]]
             then(cursor.fetchall())
 
 
-def rows_later(sql: str, params: Sequence[Any]) -> Callable[[], list[tuple[Any, ...]]]:
+def rows_later(sql: str, params: Sequence[Any]) -> "RowsLater":
     """defer() a statement whose rows are read later, by calling what this returns: they come
     back with the transaction's next statement or its COMMIT, and a call before then (an
     after-commit hook run inside the transaction, as a test's captureOnCommitCallbacks does)
     sends what waits first. No rows when the statement was rolled back unsent with a savepoint."""
-    answer: list[list[tuple[Any, ...]]] = []
-    defer(sql, params, then=answer.append)
-
-    def rows() -> list[tuple[Any, ...]]:
-        if not answer:
-            flush()
-        return answer[0] if answer else []
-
+    rows = RowsLater()
+    defer(sql, params, then=rows.answer.append)
     return rows
+
+
+class RowsLater:
+    """The rows of a rows_later() statement; `back`: whether the server has answered it yet."""
+
+    def __init__(self) -> None:
+        self.answer: list[list[tuple[Any, ...]]] = []
+
+    def __call__(self) -> list[tuple[Any, ...]]:
+        if not self.answer:
+            flush()
+        return self.answer[0] if self.answer else []
+
+    @property
+    def back(self) -> bool:
+        return bool(self.answer)
 
 
 def found_later(sql: str, params: Sequence[Any]) -> Callable[[], bool]:

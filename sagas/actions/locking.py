@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from django.db import connection, transaction
 
-from config.sql import db_value, defer, rows_later
+from config.sql import RowsLater, db_value, rows_later
 from sagas import errors
 from sagas.models import Saga
 
@@ -20,6 +20,7 @@ class HeldLock(NamedTuple):
     saga: Saga
     current: bool  # the copy's status is known to be the row's (see saga_transaction)
     status: Callable[[], list[tuple[Any, ...]]] | None = None  # else the row's, as the lock read it
+    lock: RowsLater | None = None  # the lock's statement, when it went deferred; else it was granted
 
 
 # The saga whose row lock the current transaction holds, set by saga_transaction(): the actions
@@ -44,6 +45,22 @@ def held_saga(saga_id: Any) -> Saga | None:
     reads of the saga's state now stays as read until it commits."""
     held = _held_lock.get()
     return held.saga if held is not None and str(held.saga.pk) == str(saga_id) else None
+
+
+def rings_early(saga_id: Any) -> bool:
+    """Whether a doorbell for a run of this saga may go now rather than after this transaction's
+    commit: on PostgreSQL, when this transaction holds the saga's lock and the server has granted
+    it already. The claim the doorbell brings asks for that lock first (found from its run), so it
+    waits for this transaction to end; each of the claim's later statements then reads what was
+    committed, and finds nothing to claim if it rolled back. (On SQLite a claim waiting for the
+    write lock sleeps between tries: there the doorbell waits for the commit.)"""
+    held = _held_lock.get()
+    return (
+        connection.vendor != "sqlite"
+        and held is not None
+        and str(held.saga.pk) == str(saga_id)
+        and (held.lock is None or held.lock.back)
+    )
 
 
 def lock_open_saga(saga_id: Any) -> Saga:
@@ -100,21 +117,23 @@ def saga_transaction(saga: Saga, *, current: bool = False) -> Iterator[Saga]:
     released.
     """
     with transaction.atomic():
-        status = None
-        if connection.vendor != "sqlite":
-            if current:
-                defer(_LOCK_SQL, [saga.pk])
-            else:
-                status = rows_later(_LOCK_SQL, [saga.pk])
-        with holding(saga, current=current, status=status):
+        lock = None if connection.vendor == "sqlite" else rows_later(_LOCK_SQL, [saga.pk])
+        with holding(saga, current=current, status=None if current else lock, lock=lock):
             yield saga
 
 
 @contextmanager
-def holding(saga: Saga, *, current: bool, status: Callable[[], list[tuple[Any, ...]]] | None = None) -> Iterator[Saga]:
-    """Inside a transaction that has taken the saga's lock: the actions called meanwhile find it
-    held (lock_saga(), held_saga()); `current` and `status` as in saga_transaction()."""
-    token = _held_lock.set(HeldLock(saga, current, status))
+def holding(
+    saga: Saga,
+    *,
+    current: bool,
+    status: Callable[[], list[tuple[Any, ...]]] | None = None,
+    lock: RowsLater | None = None,
+) -> Iterator[Saga]:
+    """Inside a transaction that has taken the saga's lock (or sent its statement, `lock`, to go
+    with the next): the actions called meanwhile find it held (lock_saga(), held_saga());
+    `current` and `status` as in saga_transaction()."""
+    token = _held_lock.set(HeldLock(saga, current, status, lock))
     try:
         yield saga
     finally:

@@ -244,18 +244,22 @@ def request_visible_to(request: AgentRequest, user: User) -> bool:
 
 def get_request_for(user: User, request_id: str) -> AgentRequest:
     """The request if user is its sender, recipient or a manager of its saga; else 404."""
-    row = fetch_one(_REQUEST_SQL, [request_id], AgentRequest, Collaborator, Collaborator)
+    row = fetch_one(_REQUEST_SQL, [request_id], AgentRequest, Collaborator, Collaborator, Run)
     if row is not None:
-        request, request.sender, request.recipient = row[0], row[1], row[2]
+        request, request.sender, request.recipient, run = row
+        if run is not None:  # the reply's wake-up reads it (steering.ring_before_commit)
+            run.collaborator = request.sender
         if request_visible_to(request, user):
             return request
     raise errors.NotFound(f"No request {request_id}.")
 
 
 _REQUEST_SQL = (
-    f"SELECT {columns(AgentRequest, 'q')}, {columns(Collaborator, 's')}, {columns(Collaborator, 'r')} "
-    f"FROM {AgentRequest._meta.db_table} q JOIN {Collaborator._meta.db_table} s ON s.id = q.sender_id "
-    f"JOIN {Collaborator._meta.db_table} r ON r.id = q.recipient_id WHERE q.id = %s"
+    f"SELECT {columns(AgentRequest, 'q')}, {columns(Collaborator, 's')}, {columns(Collaborator, 'r')}, "
+    f"{columns(Run, 'sr')} FROM {AgentRequest._meta.db_table} q "
+    f"JOIN {Collaborator._meta.db_table} s ON s.id = q.sender_id "
+    f"JOIN {Collaborator._meta.db_table} r ON r.id = q.recipient_id "
+    f"LEFT JOIN {Run._meta.db_table} sr ON sr.collaborator_id = s.id WHERE q.id = %s"
 )
 
 

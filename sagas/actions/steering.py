@@ -15,7 +15,7 @@ from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id
-from sagas.actions.locking import lock_open_saga, lock_saga
+from sagas.actions.locking import lock_open_saga, lock_saga, rings_early
 from sagas.actions.payloads import check_payload
 from sagas.metrics import count_round_trips
 from sagas.models import AgentRequest, Broadcast, Collaborator, HumanRequest, Run, Saga, SteeringItem
@@ -92,12 +92,29 @@ def wake(collaborator: Collaborator) -> None:
         publish_after_commit(steering_channel(collaborator.pk))
         return
     woken = rows_later(_WAKE_SQL, [Run.Status.QUEUED.value, collaborator.pk, Run.Status.IDLE.value])
+    rung = ring_before_commit(collaborator)
 
     def ring() -> None:
         for (run_id,) in woken():
-            ring_run(run_id)
+            if run_id != rung:
+                ring_run(run_id)
 
     transaction.on_commit(ring)
+
+
+def ring_before_commit(collaborator: Collaborator) -> str | None:
+    """Ring the collaborator's idle run now rather than after commit where that is safe
+    (locking.rings_early()): the Celery hop then overlaps the rest of this transaction and its
+    COMMIT. Only for a collaborator that came with its run, idle as read under the saga's lock
+    (by an ask, or by a reply in a turn): an older copy costs at most a doorbell that finds the
+    run taken. Returns the id of the run it rang."""
+    if not Collaborator.run.is_cached(collaborator):
+        return None
+    run = collaborator.run
+    if run.status != Run.Status.IDLE or not rings_early(collaborator.saga_id):
+        return None
+    ring_run(run.pk)
+    return str(run.pk)
 
 
 def resume_waiter(request: AgentRequest) -> None:
