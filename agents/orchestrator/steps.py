@@ -506,16 +506,15 @@ def start_all(prompt: Prompt, tasks: dict[str, str], here: "Here") -> None:
     here.claim(added[0][0].run.pk)
 
 
-def start(prompt: Prompt, slot: str, *, role: str, task: str, here: "Here | None" = None) -> None:
-    """Delegate one worker from the lead. Its first turn is rung after commit; or, given `here`,
-    claimed in the step's transaction for this task to run once that commits."""
+def start(prompt: Prompt, slot: str, *, role: str, task: str, here: "Here") -> None:
+    """Delegate one worker from the lead (the primary, the reviewer), claimed in the step's
+    transaction for this task to run once that commits (`here`)."""
     assert prompt.lead is not None
     collaborator, _ = actions.add_agent(
         saga=prompt.saga, name=prompt.worker_name(slot), role=role, task=task, runtime=Collaborator.Runtime.INTERNAL,
-        profile=prompt.brain.roles[role], parent=prompt.lead.handle, by=prompt.lead.user, ring=here is None,
+        profile=prompt.brain.roles[role], parent=prompt.lead.handle, by=prompt.lead.user, ring=False,
     )  # fmt: skip
-    if here is not None:
-        here.claim(collaborator.run.pk)
+    here.claim(collaborator.run.pk)
 
 
 class Here(list["Turns"]):

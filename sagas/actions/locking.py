@@ -4,7 +4,7 @@ Every action starts by locking the saga row: all of a saga's writes already queu
 head, so taking that place in line first costs nothing and rules out lock-order deadlocks.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, NamedTuple
@@ -19,8 +19,8 @@ from sagas.models import Saga
 class HeldLock(NamedTuple):
     saga: Saga
     current: bool  # the copy's status is known to be the row's (see saga_transaction)
-    status: Callable[[], list[tuple[Any, ...]]] | None = None  # else the row's, as the lock read it
-    lock: RowsLater | None = None  # the lock's statement, when it went deferred; else it was granted
+    # The lock's statement, deferred (its rows: the row's status); None: granted, nothing read.
+    lock: RowsLater | None = None
 
 
 # The saga whose row lock the current transaction holds, set by saga_transaction(): the actions
@@ -55,12 +55,9 @@ def rings_early(saga_id: Any) -> bool:
     committed, and finds nothing to claim if it rolled back. (On SQLite a claim waiting for the
     write lock sleeps between tries: there the doorbell waits for the commit.)"""
     held = _held_lock.get()
-    return (
-        connection.vendor != "sqlite"
-        and held is not None
-        and str(held.saga.pk) == str(saga_id)
-        and (held.lock is None or held.lock.back)
-    )
+    if connection.vendor == "sqlite" or held is None or held_saga(saga_id) is None:
+        return False
+    return held.lock is None or held.lock.back
 
 
 def lock_open_saga(saga_id: Any) -> Saga:
@@ -80,8 +77,8 @@ def locked_status(saga: Saga) -> str:
     if held is not None and held.saga is saga and not held.current:
         # The copy saga_transaction() was given may have been read before a finish that committed
         # ahead of this transaction (an orchestration step's copy, read before its router call).
-        if held.status is not None:
-            rows = held.status()
+        if held.lock is not None:
+            rows = held.lock()
         else:
             with connection.cursor() as cursor:
                 cursor.execute(_STATUS_SQL, [db_value(Saga, "id", saga.pk)])
@@ -118,22 +115,16 @@ def saga_transaction(saga: Saga, *, current: bool = False) -> Iterator[Saga]:
     """
     with transaction.atomic():
         lock = None if connection.vendor == "sqlite" else rows_later(_LOCK_SQL, [saga.pk])
-        with holding(saga, current=current, status=None if current else lock, lock=lock):
+        with holding(saga, current=current, lock=lock):
             yield saga
 
 
 @contextmanager
-def holding(
-    saga: Saga,
-    *,
-    current: bool,
-    status: Callable[[], list[tuple[Any, ...]]] | None = None,
-    lock: RowsLater | None = None,
-) -> Iterator[Saga]:
+def holding(saga: Saga, *, current: bool, lock: RowsLater | None = None) -> Iterator[Saga]:
     """Inside a transaction that has taken the saga's lock (or sent its statement, `lock`, to go
     with the next): the actions called meanwhile find it held (lock_saga(), held_saga());
-    `current` and `status` as in saga_transaction()."""
-    token = _held_lock.set(HeldLock(saga, current, status, lock))
+    `current` as in saga_transaction()."""
+    token = _held_lock.set(HeldLock(saga, current, lock))
     try:
         yield saga
     finally:
