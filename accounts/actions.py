@@ -1,4 +1,5 @@
 import logging
+from collections.abc import Sequence
 from functools import partial
 
 from asgiref.sync import async_to_sync
@@ -61,9 +62,11 @@ def create_agent_user(*, username: str) -> User:
     return user
 
 
-def create_agent_users(*, usernames: list[str]) -> list[User]:
-    """Service users for agent collaborators, with one statement."""
-    users = [User(username=username, kind=User.Kind.AGENT) for username in usernames]
+def create_agent_users(*, usernames: list[str], keys: Sequence[int] | None = None) -> list[User]:
+    """Service users for agent collaborators, with one statement; given their `keys`
+    (config.sql.keys_later), deferred."""
+    given = keys if keys is not None else [None] * len(usernames)
+    users = [User(pk=key, username=name, kind=User.Kind.AGENT) for name, key in zip(usernames, given, strict=True)]
     for user in users:
         user.set_unusable_password()
-    return insert_all(users)
+    return insert_all(users, later=keys is not None)

@@ -173,12 +173,13 @@ def failed_with(exc: BaseException, sqlstate: str) -> bool:
 
 @cache
 def insert_sql(
-    model: type[models.Model], vendor: str, rows: int = 1, *, ignore_conflicts: bool = False
+    model: type[models.Model], vendor: str, rows: int = 1, *, ignore_conflicts: bool = False, keyed: bool = False
 ) -> tuple[str, tuple[Any, ...], bool]:
     """The INSERT of `rows` rows of model's concrete fields, the fields, and whether it reads back
-    the keys the database makes (unless a row in conflict is skipped: it has none)."""
+    the keys the database makes (unless a row in conflict is skipped: it has none; or `keyed`: the
+    rows come with theirs, from keys_later())."""
     meta, ops = model._meta, db().ops
-    auto_pk = isinstance(meta.pk, models.AutoField)
+    auto_pk = isinstance(meta.pk, models.AutoField) and not keyed
     fields = tuple(f for f in meta.concrete_fields if not (auto_pk and f.primary_key))
     columns = ", ".join(ops.quote_name(str(f.column)) for f in fields)
     row = f"({placeholders(len(fields))})"
@@ -206,12 +207,14 @@ def insert_all(instances: Sequence[M], *, ignore_conflicts: bool = False, later:
     step: the keys the database makes are set on them. With `ignore_conflicts`, a row whose unique
     key is taken is skipped (and its key is not read). With `later`, the INSERT is deferred
     (defer()), and the keys the database makes are set when its answer comes back, with the
-    transaction's next statement or its COMMIT: for rows whose keys nothing reads before then."""
+    transaction's next statement or its COMMIT: for rows whose keys nothing reads before then. Rows
+    that come with their keys (keys_later()) are inserted with them."""
     if not instances:
         return []
     conn = db()
+    keyed = all(instance.pk is not None for instance in instances)
     sql, fields, read_keys = insert_sql(
-        type(instances[0]), conn.vendor, len(instances), ignore_conflicts=ignore_conflicts
+        type(instances[0]), conn.vendor, len(instances), ignore_conflicts=ignore_conflicts, keyed=keyed
     )
     params = [f.get_db_prep_save(f.pre_save(instance, True), conn) for instance in instances for f in fields]
 
@@ -277,6 +280,20 @@ class RowsLater:
     @property
     def back(self) -> bool:
         return bool(self.answer)
+
+
+def keys_later(tables: Sequence[type[models.Model]], n: int) -> Callable[[], list[tuple[int, ...]]] | None:
+    """On PostgreSQL, `n` new keys from the sequence of each model's automatic key, one row per
+    `n`, read with the transaction's next statement (rows_later()): rows given them are inserted
+    with their keys, deferred (insert_all(later=True)), where reading the keys the database makes
+    would cost a round trip for each INSERT. A key taken and not used (a rollback) is skipped, as
+    by any INSERT. None elsewhere: on SQLite an INSERT costs no round trip."""
+    if db().vendor != "postgresql":
+        return None
+    nextvals = ", ".join(
+        f"nextval(pg_get_serial_sequence('{m._meta.db_table}', '{m._meta.pk.column}'))" for m in tables
+    )
+    return rows_later(prepared(f"SELECT {nextvals} FROM generate_series(1, %s)"), [n])
 
 
 def found_later(sql: str, params: Sequence[Any]) -> Callable[[], bool]:

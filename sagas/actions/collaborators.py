@@ -13,7 +13,7 @@ from guardian.shortcuts import assign_perm
 
 from accounts.actions import create_agent_users, issue_token
 from accounts.models import User
-from config.sql import insert_all
+from config.sql import insert_all, keys_later
 from journal.actions import record
 from sagas import errors
 from sagas.access import ADDRESS_PERM, Member, SagaTree, may_manage, permission_id
@@ -90,7 +90,9 @@ def add_agents(
     saga = lock_saga(saga.pk)
     # Read once: who acts, the parent, the names taken, the caps, the grants; sent with the
     # profile names' read, which brings the saga's status too when the caller's transaction holds
-    # its lock already (one message on PostgreSQL).
+    # its lock already, and the new users' and collaborators' keys, so that their rows go deferred
+    # like the rest (one message on PostgreSQL).
+    keys_read = keys_later([User, Collaborator], len(agents))
     tree_later = SagaTree.shape_later(saga)
     check_new_agents(agents)
     check_open(locked_status(saga))
@@ -103,12 +105,16 @@ def add_agents(
         again = next(n for i, n in enumerate(names) if n in taken or n in names[:i])
         raise errors.NameTaken(f"agent:{again} is already in this saga.")
     check_delegate_caps(tree, delegator, adding=len(agents))
-    users = create_agent_users(usernames=[f"agent.{saga.pk.hex[:12]}.{agent.name}" for agent in agents])
+    keys = keys_read() if keys_read else None
+    users = create_agent_users(
+        usernames=[f"agent.{saga.pk.hex[:12]}.{agent.name}" for agent in agents],
+        keys=[user_key for user_key, _ in keys] if keys else None,
+    )
     collaborators = insert_all([
-        Collaborator(saga=saga, kind=Collaborator.Kind.AGENT, name=agent.name, role=agent.role, task=agent.task,
-                     user=user, runtime=agent.runtime, profile=agent.profile)
-        for agent, user in zip(agents, users, strict=True)
-    ])  # fmt: skip
+        Collaborator(pk=keys[i][1] if keys else None, saga=saga, kind=Collaborator.Kind.AGENT, name=agent.name,
+                     role=agent.role, task=agent.task, user=user, runtime=agent.runtime, profile=agent.profile)
+        for i, (agent, user) in enumerate(zip(agents, users, strict=True))
+    ], later=keys is not None)  # fmt: skip
     insert_all([
         Delegation(saga=saga, delegator_id=delegator.pk, delegate=collaborator, task=collaborator.task)
         for collaborator in collaborators

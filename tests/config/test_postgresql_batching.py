@@ -249,10 +249,11 @@ def test_an_ask_in_a_turn_reads_in_the_message_that_takes_the_saga_lock(alice: U
     assert all(not m.startswith("SELECT") for m in messages[1:])
 
 
-def test_a_delegation_sends_its_run_and_its_grants_with_the_commit(alice: User) -> None:
-    """Adding an agent waits only for the keys its other rows refer to (its user's, its
-    collaborator's); its delegation (whose key comes back with it), its run (keyed here) and its
-    permission grants go in the last message, with the journal event and the COMMIT."""
+def test_a_delegation_sends_all_its_rows_with_the_commit(alice: User) -> None:
+    """Adding an agent reads what it checks and the keys its rows refer to (its user's, its
+    collaborator's, from their sequences) in one message; its user, its collaborator, its
+    delegation (whose key comes back with it), its run (keyed here) and its permission grants go
+    in the last message, with the journal event and the COMMIT: two round trips in all."""
     team = build_team(owner=alice, internal=["coder"])
     lead = team["lead"]
     connection.ensure_connection()
@@ -263,16 +264,22 @@ def test_a_delegation_sends_its_run_and_its_grants_with_the_commit(alice: User) 
         )  # fmt: skip
     messages = [written_out(message) for message in sent()]
     last = messages[-1]
-    later = ("INSERT INTO sagas_delegation", "INSERT INTO sagas_run", "INSERT INTO guardian_userobjectpermission")
+    later = (
+        "INSERT INTO accounts_user", "INSERT INTO sagas_collaborator", "INSERT INTO sagas_delegation",
+        "INSERT INTO sagas_run", "INSERT INTO guardian_userobjectpermission",
+    )  # fmt: skip
     assert all(insert in last for insert in later), messages
-    assert last.endswith("COMMIT")
-    assert not any(insert in m for m in messages[:-1] for insert in later)
+    assert last.endswith("COMMIT") and len(messages) == 2, messages
+    # The saga's tree and the new keys are read in the message that reads the profile names the
+    # delegation checks.
+    (first,) = messages[:-1]
+    assert "FROM agents_agentprofile WHERE name IN" in first and "nextval(" in first, messages
+    assert "FROM sagas_collaborator c LEFT JOIN sagas_run" in first, messages
+    helper.refresh_from_db()  # as stored, with the keys it was given
     assert Run.objects.filter(collaborator=helper, status=Run.Status.QUEUED).exists()
     assert helper.delegation.pk == Delegation.objects.get(delegate=helper).pk
-    # The saga's tree is read in the message that reads the profile names the delegation checks.
-    (both,) = [m for m in messages if "FROM agents_agentprofile WHERE name IN" in m]
-    assert "FROM sagas_collaborator c LEFT JOIN sagas_run" in both, messages
-    assert helper.user.has_perm("sagas.view_saga", lead.saga)
+    assert helper.user.username.endswith(".helper") and helper.user.has_perm("sagas.view_saga", lead.saga)
+    assert lead.user.has_perm("sagas.address_collaborator", helper)
 
 
 def test_a_run_ends_with_its_compare_and_set_and_the_read_of_what_it_strands_in_one_message(alice: User) -> None:
