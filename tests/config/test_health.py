@@ -1,6 +1,11 @@
 import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from config import liveness
@@ -66,3 +71,37 @@ def test_a_worker_starts_without_deprecation_warnings(celery_worker: CeleryWorke
     log = celery_worker.log()
     assert "ready." in log  # the whole start-up is in the log
     assert "DeprecationWarning" not in log and "celery upgrade settings" not in log, log
+
+
+@pytest.fixture
+def silent_database() -> Iterator[None]:
+    """The database's address swapped for a port that accepts connections and never answers (a
+    host gone quiet), for the connections opened meanwhile."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # the kernel completes the handshakes; nobody ever reads or writes
+    saved = dict(connection.settings_dict)
+    connection.close()
+    connection.settings_dict.update(HOST="127.0.0.1", PORT=str(listener.getsockname()[1]))
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+        listener.close()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="libpq's connect_timeout")
+def test_healthz_says_db_down_within_the_connect_timeout_when_the_database_is_silent(
+    client: Client, silent_database: None
+) -> None:
+    timeout = connection.settings_dict["OPTIONS"]["connect_timeout"]
+    answered: list[tuple[int, dict[str, str]]] = []
+    started = time.monotonic()
+    probe = threading.Thread(target=lambda: answered.append(health(client)), daemon=True)
+    probe.start()
+    probe.join(timeout + 10)  # without the timeout the probe would wait as long as TCP does
+
+    assert answered and answered[0][0] == 503 and answered[0][1]["db"] == "down", answered
+    assert time.monotonic() - started < timeout + 10
