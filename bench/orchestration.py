@@ -16,7 +16,9 @@ after another). The speedup is the support-worker phase (from `plan.created` to 
 The overhead is read from the journal of the side-by-side runs: each step's wall time minus the
 model time inside it (the `llm_call` latencies): routing (`prompt.submitted` → `plan.created`),
 the support phase (minus the slowest worker's model call), the primary (its `worker_start` →
-`prompt.completed`), and per worker (its `worker_start` → `worker_end`, minus its model call).
+`prompt.completed`), and per worker (its `worker_start` → `worker_end`, minus its model call), over
+all runs and at each N (N pool processes on fewer cores finish their calls at the same instant and
+wait for each other's CPU).
 
 The counts do not depend on the machine's load: the worker processes run with
 `bench/orchestration_probe.py`, which records per task the SQL statements, the transactions
@@ -318,6 +320,7 @@ class Results:
             "routing": [], "support": [], "dispatch": [], "collect": [], "primary": [], "worker": []
         }  # fmt: skip
         self.support_per_worker: dict[int, list[float]] = {}  # by N
+        self.worker_by_n: dict[int, list[float]] = {}  # per worker, by N
         self.counts: dict[int, list[dict[str, Any]]] = {}
 
     def add(self, n: int, concurrency: int, t: dict[str, Any], counts: dict[str, Any]) -> None:
@@ -329,6 +332,7 @@ class Results:
             for step in ("dispatch", "collect"):
                 self.overheads[step].append(t[step])
             self.overheads["worker"] += t["per_worker"]
+            self.worker_by_n.setdefault(n, []).extend(t["per_worker"])
             self.support_per_worker.setdefault(n, []).append(t["support_overhead"] / n)
 
     def report(self, sizes: list[int]) -> None:
@@ -342,6 +346,8 @@ class Results:
             label = LABELS.get(step, f"{step} step")
             spread = f"range {min(values):.1f} to {max(values):.1f}, {len(values)} runs"
             print(f"  {label:<42} {med(values):7.1f} ms  ({spread})")
+        for n, values in sorted(self.worker_by_n.items()):
+            print(f"  per worker, at N = {n}{'':<23} {med(values):7.1f} ms")
         for n, values in sorted(self.support_per_worker.items()):
             print(f"  support step / N, at N = {n}{'':<17} {med(values):7.1f} ms")
         print("counts per orchestration (median over its runs; they do not depend on the load):")
