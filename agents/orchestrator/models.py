@@ -95,6 +95,9 @@ class Prompt(models.Model):
     # Not a column: the runs of its lead's workers (each with its collaborator), when this copy was
     # read with them (steps.prompts_ahead); None when not.
     runs_read: list[list[Any]] | None = None
+    # Not a column: its primary role's agent profile by name (none: no such profile), when this copy
+    # was read with it (steps.prompts_ahead, on PostgreSQL); None when not.
+    profiles_read: dict[str, Any] | None = None
 
     class Meta:
         app_label = "agents"

@@ -32,7 +32,7 @@ from agents.hooks import Event, PreparedPrompt, hook_key, prepare_prompt, run_ho
 from agents.hooks.lifecycle import FEEDBACK_HEADING
 from agents.hooks.models import handled_sql, handlers_for
 from agents.mcp import runtime as mcp
-from agents.models import TranscriptEntry, profile_named
+from agents.models import AgentProfile, TranscriptEntry, profile_named
 from agents.orchestrator import handoffs, plans, router
 from agents.orchestrator.models import Brain, Prompt
 from config.sql import columns, db_value, failed_with, fetch, fetch_later, placeholders, prepared, update
@@ -99,17 +99,24 @@ def running_prompts(saga_id: str, lead: str) -> list[Prompt]:
 
 def prompts_ahead(saga_id: Any, lead: str) -> Callable[[], list[Prompt]]:
     """running_prompts(), each with the runs of the lead's workers (`runs_read`, which outcomes()
-    takes in place of a read of its own), read with the next statement or the COMMIT of the
+    takes in place of a read of its own) and, on PostgreSQL, its primary role's profile
+    (`profiles_read`, for primary_mcp()), read with the next statement or the COMMIT of the
     caller's transaction (config.sql.fetch_later): a prompt's worker reads them in the transaction
     that ends its task, for the step its ending may have made ready (agents.executor)."""
     saga_param = db_value(Saga, "id", saga_id)
     prompts = fetch_later(_RUNNING_PROMPTS_SQL, [saga_param, lead, Prompt.Status.RUNNING], *_PROMPT_SHAPE)
     runs = fetch_later(_LEAD_RUNS_SQL, [saga_param, f"{lead}.%"], Run, Collaborator)
+    profiles = None
+    if connection.vendor == "postgresql":  # elsewhere a read costs no round trip: primary_mcp() reads it
+        profiles = fetch_later(_PRIMARY_PROFILES_SQL, [saga_param, lead, Prompt.Status.RUNNING], AgentProfile)
 
     def read() -> list[Prompt]:
         found = loaded_prompts(prompts())
+        primaries = profiles() if profiles is not None else None
         for prompt in found:
             prompt.runs_read = runs()
+            if primaries is not None:
+                prompt.profiles_read = {p.name: p for p, prompt_id in primaries if str(prompt_id) == str(prompt.pk)}
         return found
 
     return read
@@ -304,7 +311,8 @@ def primary_mcp(prompt: Prompt) -> dict[str, dict[str, Any]]:
     connect to them through the executor (the check's connections are closed at once: those turns
     may run on another worker); a server that did not answer here is tried again by them."""
     role = (prompt.plan or {}).get("primary_role", "")
-    profile = profile_named(prompt.brain.roles.get(role, ""))
+    name = prompt.brain.roles.get(role, "")
+    profile = prompt.profiles_read.get(name) if prompt.profiles_read is not None else profile_named(name)
     return mcp.check_servers(f"prompt-{prompt.pk}", list(profile.mcp_servers) if profile else [])
 
 
@@ -439,6 +447,13 @@ _RUNS = (
 )
 _RUNS_SQL = _RUNS + "WHERE c.saga_id = %s AND c.name IN ({ids})"
 _LEAD_RUNS_SQL = prepared(_RUNS + "WHERE c.saga_id = %s AND c.name LIKE %s")  # the lead's workers: `lead.%`
+# The profile of each running prompt's primary role (PostgreSQL's JSON operators), with the prompt's id.
+_PRIMARY_PROFILES_SQL = prepared(
+    f"SELECT {columns(AgentProfile, 'ap')}, p.id FROM {Prompt._meta.db_table} p "
+    f"JOIN {Brain._meta.db_table} b ON b.id = p.brain_id JOIN {Collaborator._meta.db_table} l ON l.id = p.lead_id "
+    f"JOIN {AgentProfile._meta.db_table} ap ON ap.name = b.roles ->> (p.plan ->> 'primary_role') "
+    "WHERE p.saga_id = %s AND l.name = %s AND p.status = %s"
+)
 
 
 def last_text(run: Run) -> str:

@@ -481,3 +481,39 @@ def test_a_workers_ending_transaction_reads_what_the_step_it_makes_ready_needs(
     done = Prompt.objects.get(pk=prompt.pk)
     assert (done.status, [r["role"] for r in done.results]) == ("completed", ["tester", "writer"])
     assert fetched == []  # the outcomes came with the endings, and the prompt they ended is not read again
+
+
+def test_the_step_that_starts_the_primary_has_its_profile_read_with_the_last_workers_ending(
+    default_brain: None, saga: Saga, alice: User, redis_url: str, settings: LazySettings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The primary role's profile (its MCP servers, checked before the primary starts) comes, on
+    PostgreSQL, with what the last worker's ending transaction reads for the step: no round trip of
+    its own. Elsewhere, where a read costs none, the step reads it."""
+    from django.db import connection
+
+    from agents.executor import run_claimed, run_turn
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+
+    settings.AGORA_HOOKS_INLINE = True  # the steps run hooks (none here), in this process
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement the endpoint, with tests and docs.")
+    read: list[str] = []
+    profile_named = steps.profile_named
+
+    def profile_noted(name: str) -> Any:
+        read.append(name)
+        return profile_named(name)
+
+    monkeypatch.setattr(steps, "profile_named", profile_noted)
+
+    (first,) = steps.advance(str(prompt.pk), worker="w1@host")  # routed; the other workers are queued
+    workers = Collaborator.objects.filter(saga=saga, name__startswith=f"{prompt.lead_name}.")
+    for run_id in workers.exclude(run__pk=first.run.pk).values_list("run__pk", flat=True):
+        run_turn(run_id, worker="w2@host")
+    run_claimed(first)  # ends last: the primary starts, and runs here, then the reviewer
+
+    done = Prompt.objects.get(pk=prompt.pk)
+    assert done.status == "completed" and (done.plan or {}).get("primary_role") == "coder", done.reason
+    assert Collaborator.objects.filter(saga=saga, name=done.worker_name("primary"), role="coder").exists()
+    assert read == ([] if connection.vendor == "postgresql" else ["brain-coder"])
