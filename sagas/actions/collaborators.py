@@ -105,15 +105,16 @@ def add_agents(
         again = next(n for i, n in enumerate(names) if n in taken or n in names[:i])
         raise errors.NameTaken(f"agent:{again} is already in this saga.")
     check_delegate_caps(tree, delegator, adding=len(agents))
-    keys = keys_read() if keys_read else None
+    keys = keys_read() if keys_read is not None else None
     users = create_agent_users(
         usernames=[f"agent.{saga.pk.hex[:12]}.{agent.name}" for agent in agents],
-        keys=[user_key for user_key, _ in keys] if keys else None,
+        keys=[user_key for user_key, _ in keys] if keys is not None else None,
     )
+    own_keys = [key for _, key in keys] if keys is not None else [None] * len(agents)
     collaborators = insert_all([
-        Collaborator(pk=keys[i][1] if keys else None, saga=saga, kind=Collaborator.Kind.AGENT, name=agent.name,
-                     role=agent.role, task=agent.task, user=user, runtime=agent.runtime, profile=agent.profile)
-        for i, (agent, user) in enumerate(zip(agents, users, strict=True))
+        Collaborator(pk=key, saga=saga, kind=Collaborator.Kind.AGENT, name=agent.name, role=agent.role,
+                     task=agent.task, user=user, runtime=agent.runtime, profile=agent.profile)
+        for agent, user, key in zip(agents, users, own_keys, strict=True)
     ], later=keys is not None)  # fmt: skip
     insert_all([
         Delegation(saga=saga, delegator_id=delegator.pk, delegate=collaborator, task=collaborator.task)
