@@ -8,8 +8,6 @@ queued for any worker once the task's time slice is used).
 
 import json
 import logging
-import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +19,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from agents import scripted, transcripts
+from agents.heartbeat import heartbeat
 from agents.hooks.lifecycle import CONTEXT_HEADING
 from agents.mcp import runtime as mcp
 from agents.models import AgentProfile, TranscriptEntry
@@ -42,55 +41,6 @@ logger = logging.getLogger(__name__)
 
 class LostTurn(Exception):
     """The lease ran out and the run was handed to another worker: stop without writing."""
-
-
-class Heartbeat(threading.Thread):
-    """Renews the leases of the turns this process is running, so that a long turn (a slow model
-    call) keeps its run, following each run's turn number as its task goes from turn to turn. One
-    thread per process, started with its first task (again in a forked pool process)."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True, name="heartbeat")
-        self.pid = os.getpid()
-        self.beating: dict[str, Turns] = {}  # by run id
-        self.lock = threading.Lock()
-
-    def add(self, turns: "Turns") -> None:
-        with self.lock:
-            self.beating[turns.run.pk] = turns
-
-    def remove(self, turns: "Turns") -> None:
-        with self.lock:
-            if self.beating.get(turns.run.pk) is turns:
-                del self.beating[turns.run.pk]
-
-    def run(self) -> None:
-        while True:
-            time.sleep(settings.AGORA_LEASE_S / 3)
-            with self.lock:
-                beating = list(self.beating.values())
-            # A renewal that finds no row (the turn taken over: its next write finds out,
-            # LostTurn) changes nothing; the task removes its turns when it ends.
-            for turns in beating:
-                try:
-                    actions.renew_lease(run_id=turns.run.pk, turn=turns.turn)
-                except Exception:  # the database is away: try again at the next beat
-                    logger.exception("lease renewal of %s failed", turns.run.pk)
-            if beating:
-                connection.close()
-
-
-_heartbeat: Heartbeat | None = None
-_heartbeat_lock = threading.Lock()
-
-
-def heartbeat() -> Heartbeat:
-    global _heartbeat
-    with _heartbeat_lock:
-        if _heartbeat is None or _heartbeat.pid != os.getpid():
-            _heartbeat = Heartbeat()
-            _heartbeat.start()
-        return _heartbeat
 
 
 def run_turn(run_id: str, *, worker: str = "") -> None:

@@ -90,13 +90,13 @@ class Prompt(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     # Not a column: the lifecycle events its brain has handlers for, when this copy was read with
-    # them (an orchestration step's: steps.read_prompts); None when not.
+    # them (an orchestration step's: reads.read_prompts); None when not.
     hooked_events: frozenset[str] | None = None
     # Not a column: the runs of its lead's workers (each with its collaborator), when this copy was
-    # read with them (steps.prompts_ahead); None when not.
+    # read with them (reads.prompts_ahead); None when not.
     runs_read: list[list[Any]] | None = None
     # Not a column: its primary role's agent profile by name (none: no such profile), when this copy
-    # was read with it (steps.prompts_ahead, on PostgreSQL); None when not.
+    # was read with it (reads.prompts_ahead, on PostgreSQL); None when not.
     profiles_read: dict[str, Any] | None = None
 
     class Meta:

@@ -13,7 +13,7 @@ from celery import Task, shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from agents.orchestrator import steps
+from agents.orchestrator import reads, steps
 from agents.orchestrator.actions import ring_prompt
 from agents.orchestrator.models import LEAD_PREFIX, Prompt
 
@@ -38,7 +38,7 @@ def advance_after(
     the worker's last commit, and runs what it returns (see `steps.advance`); `ahead`: what that
     last transaction read for it (read_ahead())."""
     here: list[Turns] = []
-    for prompt in ahead() if ahead is not None else steps.running_prompts(saga_id, lead_of(name)):
+    for prompt in ahead() if ahead is not None else reads.running_prompts(saga_id, lead_of(name)):
         here += steps.advance(str(prompt.pk), prompt, worker=worker)
     return here
 
@@ -49,7 +49,7 @@ def read_ahead(saga_id: Any, name: str) -> Callable[[], list[Prompt]]:
     outcomes either when that ending makes the step ready. The reads see that ending and every
     commit before it, under the saga's lock; a worker whose ending commits later reads this one's
     in turn, as when each read after its own commit."""
-    return steps.prompts_ahead(saga_id, lead_of(name))
+    return reads.prompts_ahead(saga_id, lead_of(name))
 
 
 def lead_of(name: str) -> str:

@@ -7,7 +7,7 @@ import pytest
 from django.conf import LazySettings
 
 from accounts.models import User
-from agents.executor import Heartbeat
+from agents.heartbeat import Heartbeat
 from sagas import actions
 from sagas.models import Run
 from tests.sagas.kernel import profile_named

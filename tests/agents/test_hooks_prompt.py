@@ -13,7 +13,7 @@ from accounts.models import User
 from agents.actions import load_profiles
 from agents.hooks import Event, hook_key, prepare_prompt, run_hooks
 from agents.hooks.actions import load_hooks
-from agents.orchestrator import steps
+from agents.orchestrator import reads, steps
 from agents.orchestrator.actions import load_brains, submit_prompt
 from sagas import actions
 from sagas.models import Saga
@@ -104,7 +104,7 @@ def test_a_step_reads_the_events_its_brain_has_handlers_for_with_the_prompt_and_
     )  # fmt: skip
     prompt, _ = submit_prompt(saga=saga, by=alice, text="Write the changelog.")
 
-    read = steps.read_prompt(str(prompt.pk))
+    read = reads.read_prompt(str(prompt.pk))
 
     assert read is not None and read.hooked_events == {Event.STOP, Event.SUBAGENT_STOP}
     with CaptureQueriesContext(connection) as with_it:

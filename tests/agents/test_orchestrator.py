@@ -423,7 +423,7 @@ def test_a_step_whose_copy_is_stale_loses_its_compare_and_set_and_writes_nothing
     """Two doorbells for one ready step (a redelivery, a re-ring): the one that moves second finds
     the prompt moved, and its transaction writes nothing (on PostgreSQL the server fails it:
     agora_step_moved)."""
-    from agents.orchestrator import steps
+    from agents.orchestrator import reads, steps
     from agents.orchestrator.actions import submit_prompt
     from sagas import actions
     from sagas.models import Run
@@ -435,7 +435,7 @@ def test_a_step_whose_copy_is_stale_loses_its_compare_and_set_and_writes_nothing
         run = Run.objects.select_related("collaborator").get(collaborator__saga=saga,
                                                              collaborator__name=prompt.worker_name(role))  # fmt: skip
         actions.finish_run(run=run, status="completed", result={"summary": f"{role} done"})
-    stale = steps.read_prompt(str(prompt.pk))  # read by the second doorbell, before the first moves it
+    stale = reads.read_prompt(str(prompt.pk))  # read by the second doorbell, before the first moves it
 
     assert steps.advance(str(prompt.pk)) == []  # the first: the team's answer
     written = types(saga)
@@ -457,7 +457,7 @@ def test_a_workers_ending_transaction_reads_what_the_step_it_makes_ready_needs(
     reads neither again, nor the prompt once the step has concluded it (on PostgreSQL: no round trip
     for any of them)."""
     from agents.executor import run_claimed, run_turn
-    from agents.orchestrator import steps
+    from agents.orchestrator import reads, steps
     from agents.orchestrator.actions import submit_prompt
 
     settings.AGORA_HOOKS_INLINE = True  # the steps run hooks (none here), in this process
@@ -466,14 +466,14 @@ def test_a_workers_ending_transaction_reads_what_the_step_it_makes_ready_needs(
     writer = Collaborator.objects.get(saga=saga, name=prompt.worker_name("writer"))
 
     fetched: list[str] = []
-    fetch = steps.fetch
+    fetch = reads.fetch
 
     def fetch_noted(sql: str, *args: Any, **kwargs: Any) -> list[list[Any]]:
         fetched.append(sql)
         return fetch(sql, *args, **kwargs)
 
-    monkeypatch.setattr(steps, "fetch", fetch_noted)
-    monkeypatch.setattr(steps, "running_prompts", None)  # called: a TypeError
+    monkeypatch.setattr(reads, "fetch", fetch_noted)
+    monkeypatch.setattr(reads, "running_prompts", None)  # called: a TypeError
 
     run_turn(writer.run.pk, worker="w2@host")  # ends first: its step is not ready
     assert Prompt.objects.get(pk=prompt.pk).step == "workers"
