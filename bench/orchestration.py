@@ -27,6 +27,9 @@ the tasks run (Celery hand-offs), messages sent, statements and transactions, an
 (a step tried and not moved on is a doorbell that found its work unfinished); per support worker,
 the difference between the largest N and N = 1, divided by N - 1.
 
+Last, the targets against this run's medians: the speedup at every N, and the ≤ 5 ms per worker
+read both ways, as a worker's own time and as the support step's own time over N.
+
 `--against REV` runs the same rounds on a checkout of REV (a temporary git worktree) and on this
 tree, interleaved (REV, this tree, REV, …), so that both see the same load; the orchestrations are
 submitted by this tree's code in both cases, the workers run each tree's.
@@ -357,6 +360,23 @@ class Results:
             values = [med([float(c.get(key, 0)) for c in self.counts[n]]) for n in sizes]
             marginal = (values[-1] - values[0]) / (sizes[-1] - sizes[0]) if len(sizes) > 1 else float("nan")
             print(f"  {key:<38}" + "".join(f"{v:>8.0f}" for v in values) + f"{marginal:>10.1f}")
+        self.verdicts(sizes)
+
+    def verdicts(self, sizes: list[int]) -> None:
+        """The issue's targets against this run's medians, read both ways the second one can be:
+        a worker's own time, and the support step's own time shared among its workers."""
+        speedups = {n: med(self.phases[(n, 1)]) / med(self.phases[(n, n)]) / n for n in sizes}
+        checks = [
+            (f"speedup >= 0.8 x N: {' / '.join(f'{v:.2f}' for v in speedups.values())}",
+             all(v >= 0.8 for v in speedups.values())),
+            (f"per worker <= 5 ms: {' / '.join(f'{med(self.worker_by_n[n]):.1f}' for n in sizes)} ms",
+             all(med(self.worker_by_n[n]) <= 5 for n in sizes)),
+            (f"support step / N <= 5 ms: {' / '.join(f'{med(self.support_per_worker[n]):.1f}' for n in sizes)} ms",
+             all(med(self.support_per_worker[n]) <= 5 for n in sizes)),
+        ]  # fmt: skip
+        print(f"targets, at N = {' / '.join(map(str, sizes))}:")
+        for label, met in checks:
+            print(f"  {'met    ' if met else 'NOT met'}  {label}")
 
 
 def count_order(key: str) -> tuple[int, str]:
