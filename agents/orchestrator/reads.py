@@ -1,7 +1,6 @@
 """What the orchestration's steps read: a prompt with all a step needs of it, and how its
-workers ended. Written-out statements (the ORM's select_related costs more to build than to run),
-read by the step itself or, on PostgreSQL, ahead of it, by the transaction that ends a worker's
-task (prompts_ahead())."""
+workers ended; read by the step itself or, on PostgreSQL, ahead of it, by the transaction that
+ends a worker's task (prompts_ahead())."""
 
 from collections.abc import Callable
 from typing import Any
