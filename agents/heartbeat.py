@@ -45,12 +45,17 @@ class Heartbeat(threading.Thread):
                 beating = list(self.beating.values())
             # A renewal that finds no row (the turn taken over: its next write finds out,
             # LostTurn) changes nothing; the task removes its turns when it ends.
+            failed = False
             for turns in beating:
                 try:
                     actions.renew_lease(run_id=turns.run.pk, turn=turns.turn)
                 except Exception:  # the database is away: try again at the next beat
+                    failed = True
                     logger.exception("lease renewal of %s failed", turns.run.pk)
-            if beating:
+            # The thread's connection stays open from beat to beat while turns beat (a long model
+            # call is renewed at every beat: one connection, not one per beat), and is closed once
+            # none do, or after a failure (the next beat connects afresh).
+            if failed or not beating:
                 connection.close()
 
 

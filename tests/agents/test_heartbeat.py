@@ -1,10 +1,12 @@
 """The process's heartbeat thread renews the leases of the turns its tasks run."""
 
+import threading
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.conf import LazySettings
+from django.db.backends.signals import connection_created
 
 from accounts.models import User
 from agents.heartbeat import Heartbeat
@@ -50,3 +52,44 @@ def test_a_turn_registered_before_its_claim_is_renewed_once_claimed(
         assert renewed and any(beats)
     finally:
         heartbeat.remove(turns)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_long_turn_is_renewed_beat_after_beat_over_one_connection(
+    alice: User, settings: LazySettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow model call keeps its lease through many beats; the heartbeat thread keeps its one
+    connection while the turn beats, rather than connecting to the database at every beat."""
+    settings.AGORA_LEASE_S = 0.3  # a beat every 0.1 s
+    saga = actions.create_saga(title="Beats", owner=alice)
+    agent, _ = actions.add_agent(
+        saga=saga, name="a", role="A", task="Think", runtime="internal", profile=profile_named("x"), by=alice
+    )
+    run = actions.claim_turn(run_id=agent.run.pk)
+    assert run is not None
+    renewals: list[bool] = []
+    renew = actions.renew_lease
+
+    def counting(**kwargs: Any) -> bool:
+        renewals.append(renew(**kwargs))
+        return renewals[-1]
+
+    monkeypatch.setattr(actions, "renew_lease", counting)
+    connected: list[str] = []
+
+    def noted(**kwargs: Any) -> None:
+        connected.append(threading.current_thread().name)
+
+    connection_created.connect(noted)
+    heartbeat = Heartbeat()
+    turns: Any = SimpleNamespace(run=run, turn=run.turn)
+    heartbeat.add(turns)
+    heartbeat.start()
+    try:
+        wait_until(lambda: len(renewals) >= 4, what="four beats")
+    finally:
+        heartbeat.remove(turns)
+        connection_created.disconnect(noted)
+
+    assert all(renewals[:4])
+    assert connected.count("heartbeat") == 1, connected
