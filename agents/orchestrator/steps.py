@@ -89,7 +89,7 @@ def route(prompt: Prompt, here: "Here") -> bool:
     if not claim_routing(prompt):
         return False  # another task is routing (or running hooks); a lapsed lease (a killed worker) frees it
     try:
-        prepared = prepare_prompt(
+        entry = prepare_prompt(
             saga=prompt.saga,
             user=prompt.submitted_by,
             prompt_id=prompt.pk,
@@ -100,10 +100,10 @@ def route(prompt: Prompt, here: "Here") -> bool:
     except (errors.NotFound, errors.InvalidPayload) as exc:
         # Checked at submission; an artifact deleted or a saga hidden since then ends it here.
         return fail(prompt, Step.ROUTING, f"The prompt's references: {exc.detail}")
-    if prepared.blocked:
-        return end_blocked(prompt, prepared)
-    prompt.expanded = text = prepared.text
-    vision = bool(prompt.images) or prepared.needs_vision
+    if entry.blocked:
+        return end_blocked(prompt, entry)
+    prompt.expanded = text = entry.text
+    vision = bool(prompt.images) or entry.needs_vision
     if prompt.is_team:
         plan = plans.forced_plan(prompt.team)
     else:
@@ -265,12 +265,12 @@ _CLAIM_ROUTING_SQL = prepared(
 # --- the hooks around the steps (each before its step's transaction) ----------------------------
 
 
-def end_blocked(prompt: Prompt, prepared: PreparedPrompt) -> bool:
+def end_blocked(prompt: Prompt, entry: PreparedPrompt) -> bool:
     """A SessionStart or UserPromptSubmit handler blocked the prompt: it ends, nothing routed."""
-    reason = prepared.reason or f"Blocked by the {prepared.event} hook {prepared.blocked_by}."
+    reason = entry.reason or f"Blocked by the {entry.event} hook {entry.blocked_by}."
     with actions.saga_transaction(prompt.saga):
         if not move(prompt, Step.ROUTING, Step.DONE, status=Prompt.Status.BLOCKED, reason=reason,
-                    expanded=prepared.text):  # fmt: skip
+                    expanded=entry.text):  # fmt: skip
             return False
         conclude(prompt, Prompt.Status.BLOCKED, reason=reason)
     return True
