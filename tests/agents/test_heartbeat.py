@@ -16,31 +16,42 @@ from tests.sagas.kernel import profile_named
 from tests.support import wait_until
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_turn_registered_before_its_claim_is_renewed_once_claimed(
-    alice: User, settings: LazySettings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    settings.AGORA_LEASE_S = 0.6  # a beat every 0.2 s
+@pytest.fixture
+def run(alice: User) -> Run:
+    """An internal agent's queued run."""
     saga = actions.create_saga(title="Beats", owner=alice)
     agent, _ = actions.add_agent(
         saga=saga, name="a", role="A", task="Think", runtime="internal", profile=profile_named("x"), by=alice
     )
-    run = Run.objects.get(pk=agent.run.pk)
-    beats: list[bool] = []
+    return Run.objects.get(pk=agent.run.pk)
+
+
+@pytest.fixture
+def renewals(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each lease renewal found its turn, in order."""
+    answers: list[bool] = []
     renew = actions.renew_lease
 
     def counting(**kwargs: Any) -> bool:
-        beats.append(renew(**kwargs))
-        return beats[-1]
+        answers.append(renew(**kwargs))
+        return answers[-1]
 
     monkeypatch.setattr(actions, "renew_lease", counting)
+    return answers
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_registered_before_its_claim_is_renewed_once_claimed(
+    run: Run, renewals: list[bool], settings: LazySettings
+) -> None:
+    settings.AGORA_LEASE_S = 0.6  # a beat every 0.2 s
     heartbeat = Heartbeat()
     turns: Any = SimpleNamespace(run=run, turn=run.turn + 1)  # as a task registers it, before its claim
     heartbeat.add(turns)
     heartbeat.start()
     try:
-        wait_until(lambda: beats, what="a beat before the claim")  # finds no running turn: renews nothing
-        assert beats[0] is False
+        wait_until(lambda: renewals, what="a beat before the claim")  # finds no running turn: renews nothing
+        assert renewals[0] is False
 
         assert actions.claim_turn(run_id=run.pk) is not None
         claimed = Run.objects.get(pk=run.pk).lease_until
@@ -49,32 +60,20 @@ def test_a_turn_registered_before_its_claim_is_renewed_once_claimed(
         renewed = wait_until(
             lambda: (Run.objects.get(pk=run.pk).lease_until or claimed) > claimed, what="a renewal after the claim"
         )
-        assert renewed and any(beats)
+        assert renewed and any(renewals)
     finally:
         heartbeat.remove(turns)
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_long_turn_is_renewed_beat_after_beat_over_one_connection(
-    alice: User, settings: LazySettings, monkeypatch: pytest.MonkeyPatch
+    run: Run, renewals: list[bool], settings: LazySettings
 ) -> None:
     """A slow model call keeps its lease through many beats; the heartbeat thread keeps its one
     connection while the turn beats, rather than connecting to the database at every beat."""
     settings.AGORA_LEASE_S = 0.3  # a beat every 0.1 s
-    saga = actions.create_saga(title="Beats", owner=alice)
-    agent, _ = actions.add_agent(
-        saga=saga, name="a", role="A", task="Think", runtime="internal", profile=profile_named("x"), by=alice
-    )
-    run = actions.claim_turn(run_id=agent.run.pk)
-    assert run is not None
-    renewals: list[bool] = []
-    renew = actions.renew_lease
-
-    def counting(**kwargs: Any) -> bool:
-        renewals.append(renew(**kwargs))
-        return renewals[-1]
-
-    monkeypatch.setattr(actions, "renew_lease", counting)
+    claimed = actions.claim_turn(run_id=run.pk)
+    assert claimed is not None
     connected: list[str] = []
 
     def noted(**kwargs: Any) -> None:
@@ -82,7 +81,7 @@ def test_a_long_turn_is_renewed_beat_after_beat_over_one_connection(
 
     connection_created.connect(noted)
     heartbeat = Heartbeat()
-    turns: Any = SimpleNamespace(run=run, turn=run.turn)
+    turns: Any = SimpleNamespace(run=claimed, turn=claimed.turn)
     heartbeat.add(turns)
     heartbeat.start()
     try:
