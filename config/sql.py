@@ -6,6 +6,7 @@ written out once, as module constants, and use these to turn values and rows int
 They are `Statement`s: on PostgreSQL each is prepared once per connection (config/postgresql/).
 """
 
+import re
 from collections.abc import Callable, Sequence
 from functools import cache, lru_cache, partial
 from typing import Any, TypeVar
@@ -30,6 +31,14 @@ def prepared(sql: str) -> Statement:
 def placeholders(n: int) -> str:
     """`%s, %s, ...`, n of them: the values of an IN list or a row."""
     return ", ".join(["%s"] * n)
+
+
+def literals(values: Sequence[str]) -> str:
+    """`'a', 'b', ...`: constants of the code (a model's choices), written into a statement rather
+    than bound, where the planner of a prepared statement needs them to choose an index (a
+    partial one, or one whose column holds them rarely). Only plain words."""
+    assert all(re.fullmatch(r"[a-z_]+", v) for v in values), values
+    return ", ".join(f"'{v}'" for v in values)
 
 
 def db() -> BaseDatabaseWrapper:

@@ -280,8 +280,11 @@ class AgentRequest(models.Model):
 
     id = models.CharField(primary_key=True, max_length=32, default=new_request_id, editable=False)
     saga = models.ForeignKey(Saga, on_delete=models.CASCADE, related_name="requests")
-    sender = models.ForeignKey(Collaborator, on_delete=models.CASCADE, related_name="requests_sent")
-    recipient = models.ForeignKey(Collaborator, on_delete=models.CASCADE, related_name="requests_received")
+    # Indexed with their status (Meta.indexes), which serves every lookup by either alone too.
+    sender = models.ForeignKey(Collaborator, on_delete=models.CASCADE, related_name="requests_sent", db_index=False)
+    recipient = models.ForeignKey(
+        Collaborator, on_delete=models.CASCADE, related_name="requests_received", db_index=False
+    )
     type = models.CharField(max_length=100)
     payload = models.JSONField()
     mode = models.CharField(max_length=8, choices=Mode.choices, default=Mode.ASYNC)
@@ -315,6 +318,10 @@ class AgentRequest(models.Model):
             models.Index(fields=["status", "expires_at"]),
             models.Index(fields=["saga", "status"]),
             models.Index(fields=["wait_deadline"]),
+            # A collaborator's open requests, sent and received, counted by every ask and read when
+            # its run ends: found among its open ones, not among all it ever sent or received.
+            models.Index(fields=["sender", "status"]),
+            models.Index(fields=["recipient", "status"]),
         ]
 
     def __str__(self) -> str:

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db_value, fetch_one, insert, placeholders, update
+from config.sql import columns, db_value, fetch_one, insert, literals, update
 from journal.actions import record
 from sagas import errors
 from sagas.access import ADDRESS_PERM, SagaTree, address_grant_sql, may_address, may_manage
@@ -126,8 +126,8 @@ class AskFacts:
 def read_ask(saga: Saga, sender: Collaborator, name: str, idempotency_key: str = "") -> AskFacts:
     """What check_ask() and check_open() decide on, for an ask of the agent `name`."""
     params = [
-        sender.user_id, ADDRESS_PERM, sender.pk, *_OPEN_STATUSES, sender.pk, *_OPEN_STATUSES,
-        sender.pk, idempotency_key or None, Collaborator.Kind.AGENT.value, name, db_value(Saga, "id", saga.pk),
+        sender.user_id, ADDRESS_PERM, sender.pk, sender.pk, sender.pk, idempotency_key or None,
+        Collaborator.Kind.AGENT.value, name, db_value(Saga, "id", saga.pk),
     ]  # fmt: skip
     row = fetch_one(_ASK_SQL, params, Collaborator, Run, plain=6)
     if row is None:  # the saga row itself is gone (deleted)
@@ -140,16 +140,20 @@ def read_ask(saga: Saga, sender: Collaborator, name: str, idempotency_key: str =
 
 
 _OPEN_STATUSES = [status.value for status in AgentRequest.OPEN]
-_OPEN = placeholders(len(_OPEN_STATUSES))
+_OPEN = literals(_OPEN_STATUSES)
 # From the saga row, so that its status comes back whether or not the recipient exists (a finished
 # saga refuses first). The grant is matched on the recipient's id as text: guardian keeps object
-# keys in a text column.
+# keys in a text column. The open requests are counted where their index finds them, among the
+# sender's (or recipient's) open ones (the statuses written out, for the planner), and the
+# idempotency key is looked up where request_idempotency_unique indexes it (its condition, written
+# out): every request the sender ever made otherwise.
 _ASK_SQL = (
     f"SELECT s.status, EXISTS ({address_grant_sql('CAST(c.id AS TEXT)')}), "
     f"(SELECT COUNT(*) FROM {AgentRequest._meta.db_table} WHERE sender_id = %s AND status IN ({_OPEN})), "
     f"(SELECT MAX(hop) FROM {AgentRequest._meta.db_table} WHERE recipient_id = %s AND status IN ({_OPEN})), "
     f"(SELECT COUNT(*) FROM {SteeringItem._meta.db_table} WHERE recipient_id = c.id AND consumed_at IS NULL), "
-    f"EXISTS (SELECT 1 FROM {AgentRequest._meta.db_table} WHERE sender_id = %s AND idempotency_key = %s), "
+    f"EXISTS (SELECT 1 FROM {AgentRequest._meta.db_table} WHERE sender_id = %s AND idempotency_key = %s "
+    "AND NOT (idempotency_key = '')), "
     f"{columns(Collaborator, 'c')}, {columns(Run, 'r')} FROM {Saga._meta.db_table} s "
     f"LEFT JOIN {Collaborator._meta.db_table} c ON c.saga_id = s.id AND c.kind = %s AND c.name = %s "
     f"LEFT JOIN {Run._meta.db_table} r ON r.collaborator_id = c.id WHERE s.id = %s"

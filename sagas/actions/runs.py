@@ -21,6 +21,7 @@ from config.sql import (
     fetch_one,
     found_later,
     guarded,
+    literals,
     placeholders,
     prepared,
     rows_later,
@@ -50,7 +51,7 @@ def finish_run(
     # the read of the requests it strands (one message on PostgreSQL), which is read for nothing if
     # another ending came first.
     finished = found_later(_FINISH_SQL, [status, db_value(Run, "result", result), error, run.pk, *_UNFINISHED])
-    stranded = fetch(_STRANDED_SQL, [collaborator.pk, *_OPEN_REQUESTS], AgentRequest, Collaborator, Collaborator)
+    stranded = fetch(_STRANDED_SQL, [collaborator.pk], AgentRequest, Collaborator, Collaborator)
     if not finished():
         return False
     data = {"result": result, "error": error}
@@ -82,12 +83,13 @@ _FINISH_SQL = prepared(
 _END_WAITS_SQL = (
     f"UPDATE {AgentRequest._meta.db_table} SET wait_deadline = NULL WHERE sender_id = %s AND wait_deadline IS NOT NULL"
 )
-# The open requests addressed to it, with their sender and recipient (close_request() reads both).
+# The open requests addressed to it, with their sender and recipient (close_request() reads both);
+# the statuses written out, so that its index finds them among its open ones.
 _STRANDED_SQL = (
     f"SELECT {columns(AgentRequest, 'q')}, {columns(Collaborator, 's')}, {columns(Collaborator, 'r')} "
     f"FROM {AgentRequest._meta.db_table} q JOIN {Collaborator._meta.db_table} s ON s.id = q.sender_id "
     f"JOIN {Collaborator._meta.db_table} r ON r.id = q.recipient_id "
-    f"WHERE q.recipient_id = %s AND q.status IN ({placeholders(len(_OPEN_REQUESTS))}) ORDER BY q.created_at"
+    f"WHERE q.recipient_id = %s AND q.status IN ({literals(_OPEN_REQUESTS)}) ORDER BY q.created_at"
 )
 
 REMOTE_WAIT_GRACE_S = 2.0
