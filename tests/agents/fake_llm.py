@@ -16,10 +16,11 @@ HANG_LIMIT_S = 60.0  # a hang ends when the test releases it, or at the latest a
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "500", "429", "hang", "malformed"
+    kind: str  # "500", "429", "hang", "malformed", "not-json"
 
 
 SERVER_ERROR, RATE_LIMIT, HANG, MALFORMED = Fault("500"), Fault("429"), Fault("hang"), Fault("malformed")
+NOT_JSON = Fault("not-json")  # a 200 whose body is not JSON at all
 GATE = Fault("gate")  # hold this call until the test opens the gate, then answer with the next reply
 _ids = itertools.count(1)
 
@@ -123,6 +124,8 @@ class FakeLLM:
                     return self.send(429, {"error": {"message": "slow down", "type": "rate_limit"}})
                 if reply == MALFORMED:
                     return self.send(200, {"unexpected": "shape"})
+                if reply == NOT_JSON:
+                    return self.send(200, b"<html>upstream proxy error</html>")
                 assert isinstance(reply, dict)
                 self.send(
                     200,
@@ -142,8 +145,8 @@ class FakeLLM:
                     },
                 )
 
-            def send(self, status: int, payload: dict[str, Any]) -> None:
-                data = json.dumps(payload).encode()
+            def send(self, status: int, payload: dict[str, Any] | bytes) -> None:
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
