@@ -2,7 +2,6 @@
 running, so that a long turn (a slow model call) keeps its run."""
 
 import logging
-import os
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -10,6 +9,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.db import connection
 
+from config.per_process import PerProcess
 from sagas import actions
 
 if TYPE_CHECKING:
@@ -25,7 +25,6 @@ class Heartbeat(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__(daemon=True, name="heartbeat")
-        self.pid = os.getpid()
         self.beating: dict[str, Turns] = {}  # by run id
         self.lock = threading.Lock()
 
@@ -59,14 +58,10 @@ class Heartbeat(threading.Thread):
                 connection.close()
 
 
-_heartbeat: Heartbeat | None = None
-_heartbeat_lock = threading.Lock()
+def started() -> Heartbeat:
+    beat = Heartbeat()
+    beat.start()
+    return beat
 
 
-def heartbeat() -> Heartbeat:
-    global _heartbeat
-    with _heartbeat_lock:
-        if _heartbeat is None or _heartbeat.pid != os.getpid():
-            _heartbeat = Heartbeat()
-            _heartbeat.start()
-        return _heartbeat
+heartbeat = PerProcess(started)

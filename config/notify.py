@@ -11,13 +11,14 @@ does not exist.
 import asyncio
 import atexit
 import logging
-import os
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
 from redis.asyncio import Redis
+
+from config.per_process import PerProcess
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,6 @@ SendAll = Callable[[list[Any]], Awaitable[object]]
 
 class Notifier:
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self.queue: asyncio.Queue[tuple[Send, str]] = asyncio.Queue(BACKLOG_MAX)
         # Items waiting to go out together, by key: filled by the committing threads, emptied by
@@ -118,20 +118,11 @@ class Notifier:
             logger.warning("%s notifications still unsent", self.queue.qsize())
 
 
-_lock = threading.Lock()
-_notifier: Notifier | None = None
-
-
-def notifier() -> Notifier:
-    global _notifier
-    with _lock:
-        if _notifier is None or _notifier.pid != os.getpid():
-            _notifier = Notifier()
-        return _notifier
+notifier = PerProcess(Notifier)
 
 
 @atexit.register
 def flush_at_exit() -> None:
     """A process that exits normally sends what it committed first."""
-    if _notifier is not None and _notifier.pid == os.getpid():
-        _notifier.flush(SEND_TIMEOUT_S)
+    if (made := notifier.made()) is not None:
+        made.flush(SEND_TIMEOUT_S)

@@ -11,7 +11,6 @@ that went on elsewhere) are closed at the next use of the pool.
 
 import asyncio
 import logging
-import os
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, Tool
 
 from agents.mcp.models import McpServer
+from config.per_process import PerProcess
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,6 @@ class Pool:
     """This process's MCP connections, by (run id, server name)."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="mcp-clients")
         self.thread.start()
@@ -189,21 +188,13 @@ class Pool:
             self.discard(key)
 
 
-_pool: Pool | None = None
-_pool_lock = threading.Lock()
-
-
-def pool() -> Pool:
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool.pid != os.getpid():
-            _pool = Pool()
-        return _pool
+pool = PerProcess(Pool)
 
 
 def open_for(run_id: str) -> bool:
     """Whether this process holds connections of the run (without starting a pool for nothing)."""
-    return _pool is not None and _pool.pid == os.getpid() and _pool.has_run(run_id)
+    made = pool.made()
+    return made is not None and made.has_run(run_id)
 
 
 __all__ = ["ConnectFailed", "Connection", "MCPError", "Pool", "open_for", "pool"]
