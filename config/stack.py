@@ -38,9 +38,9 @@ class Stop(Exception):
         self.status = status
 
 
-def die_with_parent() -> None:
-    """Runs in each child before exec: the kernel sends it SIGTERM if the supervisor dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def die_with_parent(signum: int) -> Callable[[], None]:
+    """To run in a child before exec: the kernel sends it signum if the supervisor dies."""
+    return lambda: ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
 
 
 class Stack:
@@ -51,8 +51,9 @@ class Stack:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
 
-    def start(self, name: str, argv: list[str]) -> None:
-        self.children[name] = subprocess.Popen(argv, cwd=BASE_DIR, start_new_session=True, preexec_fn=die_with_parent)
+    def start(self, name: str, argv: list[str], death_signal: int = signal.SIGTERM) -> None:
+        preexec = die_with_parent(death_signal)
+        self.children[name] = subprocess.Popen(argv, cwd=BASE_DIR, start_new_session=True, preexec_fn=preexec)
 
     def wait_for(self, what: str, ready: Callable[[], bool]) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -114,7 +115,10 @@ class Stack:
             metrics_dir.MULTIPROC_ENV: metrics_path,
         }
         self.start("web", production.argv("web", env))
-        self.start("worker", production.argv("worker", env))
+        # An orphaned worker is killed, not asked to stop: its warm shutdown waits for the running
+        # tasks (a model call can take minutes; billiard can keep a finished task's pool process
+        # 30s more) with no one left to cut it short. Leases move its work on, as after a crash.
+        self.start("worker", production.argv("worker", env), death_signal=signal.SIGKILL)
         self.start("reconciler", production.argv("beat", env))
         url = f"http://{host}:{port}/"
         self.wait_for("web and worker", lambda: healthy(url + "healthz"))
