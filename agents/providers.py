@@ -2,11 +2,13 @@
 trying again could help; the fallback loop catches only that."""
 
 import os
+import ssl
 import time
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Protocol
 
+import httpx2
 import openai
 
 from agents import scripted
@@ -75,8 +77,11 @@ class OpenAICompatibleProvider:
     RETRYABLE = (openai.APITimeoutError, openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
 
     def __init__(self, endpoint: str) -> None:
-        # The fallback chain is the retry policy: one attempt per candidate.
-        self.client = openai.OpenAI(**endpoint_settings(endpoint), max_retries=0)
+        # The fallback chain is the retry policy: one attempt per candidate. The HTTP client is the
+        # one the `openai` client would make (its defaults, DefaultHttpxClient), verifying with the
+        # process's one TLS context.
+        http = openai.DefaultHttpxClient(verify=tls())
+        self.client = openai.OpenAI(**endpoint_settings(endpoint), max_retries=0, http_client=http)
 
     def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
         body: dict[str, Any] = {"model": model, "messages": messages, **({"tools": tools} if tools else {})}
@@ -130,6 +135,25 @@ class ScriptedProvider:
 def openai_provider(endpoint: str) -> OpenAICompatibleProvider:
     """One client (and connection pool) per endpoint and process."""
     return OpenAICompatibleProvider(endpoint)
+
+
+@cache
+def tls() -> ssl.SSLContext:
+    """The HTTP client's default certificate verification (the system's CA certificates, or
+    SSL_CERT_FILE / SSL_CERT_DIR), made once per process and shared by every endpoint's client:
+    making it reads and parses every CA certificate, 20-40 ms, which each client would pay again."""
+    return httpx2.create_ssl_context()
+
+
+def warm(**_: Any) -> None:
+    """At a worker's start, before it forks its pool processes (Celery's `worker_init`): what a
+    client makes on its first use (the TLS context, the HTTP modules it imports then, the platform
+    headers it sends with every request), made in the parent and inherited by every pool process,
+    so that none pays for them on its first model call (bench/first_model_call.py)."""
+    with openai.OpenAI(
+        api_key="-", base_url="http://127.0.0.1/", http_client=openai.DefaultHttpxClient(verify=tls())
+    ) as client:
+        client.default_headers  # noqa: B018 (read for the platform headers it caches)
 
 
 class Measured:

@@ -1,10 +1,16 @@
 """The OpenAI-compatible provider, against the local fake server through the real `openai` client:
 what it sends, what it reads back, and how each failure is classed for the fallback chain."""
 
-import pytest
+from collections.abc import Iterator
+from typing import Any
 
+import httpcore2
+import pytest
+from celery.signals import worker_init
+
+from agents import providers
 from agents.providers import OpenAICompatibleProvider, ProviderError
-from tests.agents.fake_llm import MALFORMED, NOT_JSON, RATE_LIMIT, SERVER_ERROR, FakeLLM, Reply, say, tool_call
+from tests.agents.fake_llm import HANG, MALFORMED, NOT_JSON, RATE_LIMIT, SERVER_ERROR, FakeLLM, Reply, say, tool_call
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add the endpoint."}]
 TOOLS = [{"type": "function", "function": {"name": "finish", "parameters": {"type": "object", "properties": {}}}}]
@@ -69,3 +75,56 @@ def test_an_unreachable_endpoint_is_a_retryable_connection_error(monkeypatch: py
         OpenAICompatibleProvider("default").complete(model="m", messages=MESSAGES, tools=[])
 
     assert (failed.value.error_class, failed.value.retryable) == ("APIConnectionError", True)
+
+
+def test_a_call_past_the_endpoint_timeout_is_a_retryable_timeout(
+    fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", fake_llm.url)
+    monkeypatch.setenv("OPENAI_TIMEOUT_S", "0.3")
+    fake_llm.script("m", HANG)
+    try:
+        with pytest.raises(ProviderError) as failed:
+            OpenAICompatibleProvider("default").complete(model="m", messages=MESSAGES, tools=[])
+    finally:
+        fake_llm.release.set()
+
+    assert (failed.value.error_class, failed.value.retryable) == ("APITimeoutError", True)
+
+
+@pytest.fixture
+def fresh_process() -> Iterator[None]:
+    """This process as a new worker finds it: no TLS context made, no client for any endpoint."""
+    providers.tls.cache_clear()
+    providers.openai_provider.cache_clear()
+    yield
+    providers.tls.cache_clear()
+    providers.openai_provider.cache_clear()
+
+
+def test_a_worker_makes_one_tls_context_at_its_start_for_every_client_of_its_pool(
+    fresh_process: None, fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each one reads and parses the whole CA bundle: made before the pool forks, not per client."""
+    made: list[dict[str, Any]] = []
+    real = httpcore2.default_ssl_context
+
+    def counted(**kwargs: Any) -> Any:
+        made.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(httpcore2, "default_ssl_context", counted)
+    monkeypatch.setenv("OPENAI_BASE_URL", fake_llm.url)
+    monkeypatch.setenv("AGORA_ENDPOINT_LOCAL_BASE_URL", fake_llm.url)
+
+    connected = [key[0] for key, _ in worker_init.receivers]
+    assert "agents.warm_providers" in connected  # Celery calls it in the worker's parent, before the fork
+
+    providers.warm()
+    assert len(made) == 1
+    clients = [providers.openai_provider(endpoint) for endpoint in ("default", "local")]
+    fake_llm.script("m", say("hello"), say("again"))
+    answers = [client.complete(model="m", messages=MESSAGES, tools=[]).content for client in clients]
+
+    assert answers == ["hello", "again"]
+    assert len(made) == 1  # the endpoints' clients verify with the one made at the start
