@@ -12,8 +12,9 @@ the cursor then holds the last one's result. The server runs the same statements
 order; only their grouping into messages changes. So:
 - the driver stays in autocommit mode: BEGIN goes with the first statement of a transaction (none
   is sent for a transaction in which nothing runs, nor its COMMIT);
-- a savepoint released or rolled back before any statement ran in it costs nothing; rolling back
-  to a savepoint drops what is pending after it (it was all inside it);
+- a savepoint released or rolled back before any statement ran in it costs nothing (released, what
+  was deferred in it stays, the enclosing block's now); rolling back to a savepoint drops what is
+  pending after it (it was all inside it);
 - `defer()` queues a write whose outcome the caller does not wait for (no row count; the rows it
   returns, if any, go to its `then` once its message has gone: a journal event's id and seq). It
   fails, if at all, at the next statement or at COMMIT, still inside the transaction, which then
@@ -226,8 +227,8 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def _savepoint_commit(self, sid: str) -> None:
         if not self.batches:
             return super()._savepoint_commit(sid)
-        if (at := self.unsent(sid)) is not None:  # nothing ran in it: nothing to release
-            del self.connection.agora_pending[at:]
+        if (at := self.unsent(sid)) is not None:  # never sent: nothing to release, and what was
+            del self.connection.agora_pending[at]  # deferred in it is now the enclosing block's
         else:
             self.connection.agora_pending.append(self.ops.savepoint_commit_sql(sid))
 

@@ -100,6 +100,23 @@ def test_a_rolled_back_savepoint_undoes_its_writes_deferred_or_not(table: str) -
     assert rows(table) == [(1, "before the savepoint"), (5, "after")]
 
 
+def test_a_released_savepoint_keeps_its_deferred_writes_whether_or_not_it_was_sent(table: str) -> None:
+    with wire() as sent, transaction.atomic():
+        with transaction.atomic():  # nothing but deferred writes in it: its SAVEPOINT never goes
+            defer(f"INSERT INTO {table} VALUES (%s, %s)", [1, "deferred in a savepoint"])
+            with transaction.atomic():
+                defer(f"INSERT INTO {table} VALUES (%s, %s)", [2, "deferred two savepoints deep"])
+        with transaction.atomic():  # its SAVEPOINT went with a statement run in it
+            with connection.cursor() as cursor:
+                cursor.execute(f"INSERT INTO {table} VALUES (%s, %s)", [3, "run in a savepoint"])
+            defer(f"INSERT INTO {table} VALUES (%s, %s)", [4, "deferred after it"])
+    assert rows(table) == [
+        (1, "deferred in a savepoint"), (2, "deferred two savepoints deep"), (3, "run in a savepoint"),
+        (4, "deferred after it"),
+    ]  # fmt: skip
+    assert len(sent()) == 2  # the first block's writes went with the second block's statement
+
+
 def test_a_failing_deferred_write_fails_its_transaction_at_commit(table: str) -> None:
     with pytest.raises(IntegrityError), transaction.atomic():
         with connection.cursor() as cursor:
