@@ -22,7 +22,7 @@ from agents import scripted, transcripts
 from agents.heartbeat import heartbeat
 from agents.hooks.lifecycle import CONTEXT_HEADING
 from agents.mcp import runtime as mcp
-from agents.models import AgentProfile, TranscriptEntry
+from agents.models import AgentProfile
 from agents.orchestrator import starts
 from agents.orchestrator.models import Prompt
 from agents.orchestrator.tasks import advance_after, is_brain_worker, read_ahead
@@ -146,7 +146,7 @@ class Turns:
         self.transcript = take_transcript(self.run.pk, turn=self.turn - 1, ahead=self.transcript_ahead)
         self.pending = self.pending_start()
         go_on = self.pending is not None or self.begin()
-        self.transcript.save()
+        self.save_transcript()
         return go_on
 
     def execute(self, go_on: bool) -> None:
@@ -213,7 +213,7 @@ class Turns:
                     yield
                 if not held():
                     raise LostTurn
-                self.transcript.save()
+                self.save_transcript()
         except (LostTurn, DatabaseError) as exc:
             if isinstance(exc, DatabaseError) and not actions.turn_lost(exc):
                 raise
@@ -426,6 +426,13 @@ class Turns:
             return completion, round((time.perf_counter() - started) * 1000, 1)
         return None, 0.0
 
+    def save_transcript(self) -> None:
+        """What the turn added to its transcript, and for a teammate the tokens it used, added to
+        its team's total in the same transaction."""
+        tokens = self.transcript.save()
+        if self.run.team_id is not None:
+            actions.count_team_tokens(team_id=self.run.team_id, tokens=tokens)
+
     def within_team_budget(self) -> bool:
         """A teammate's turn first asks whether its team has tokens left (one statement); if not,
         the teammate is shut down here, before any model call (`team_budget_exhausted`)."""
@@ -472,12 +479,8 @@ class Turns:
         record(saga_id=self.saga_id, type=type, actor=self.collaborator.handle, run_id=self.run.pk, data=data)
 
 
-# A team's token budget and what its teammates have used so far.
-_TEAM_TOKENS_SQL = prepared(
-    f"SELECT t.max_tokens, (SELECT COALESCE(SUM(e.tokens), 0) FROM {TranscriptEntry._meta.db_table} e "
-    f"JOIN {Run._meta.db_table} r ON r.id = e.run_id WHERE r.team_id = t.id) FROM {Team._meta.db_table} t "
-    "WHERE t.id = %s"
-)
+# A team's token budget and what its teammates have used so far (counted by their turns).
+_TEAM_TOKENS_SQL = prepared(f"SELECT max_tokens, tokens_used FROM {Team._meta.db_table} WHERE id = %s")
 
 
 def ring_orchestrator(turns: Turns) -> "list[Turns]":

@@ -43,10 +43,12 @@ class Transcript:
             self.messages.append(message)
             self.tokens, tokens = self.tokens + tokens, 0
 
-    def save(self) -> None:
-        """One plain multi-row INSERT: every transaction of every turn ends with it."""
+    def save(self) -> int:
+        """One plain multi-row INSERT: every transaction of every turn ends with it. Returns the
+        tokens of the entries it wrote."""
         if not self.unsaved:
-            return
+            return 0
+        tokens = sum(entry[3] for entry in self.unsaved)
         created = db_value(TranscriptEntry, "created_at", timezone.now())
         params = [
             value
@@ -56,6 +58,7 @@ class Transcript:
         # Nothing reads its outcome, and it ends the transaction: on PostgreSQL it goes with the COMMIT.
         defer(_INSERT_SQL + ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(self.unsaved)), params)
         self.unsaved = []
+        return tokens
 
 
 _READ_SQL = prepared(

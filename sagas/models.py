@@ -228,6 +228,9 @@ class Team(models.Model):
     max_teammates = models.PositiveIntegerField(help_text="Teammates at work at once (shut down ones do not count).")
     max_tokens = models.PositiveBigIntegerField(help_text="Tokens all teammates together may use.")
     idle_timeout_s = models.FloatField(help_text="A teammate idle longer than this is shut down; 0: never.")
+    tokens_used = models.PositiveBigIntegerField(
+        default=0, help_text="Tokens its teammates' model calls used, counted by the turns that stored them."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

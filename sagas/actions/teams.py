@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils.module_loading import import_string
 
 from accounts.models import User
+from config.sql import defer, prepared
 from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
@@ -30,6 +31,17 @@ def tokens_used(run_ids: list[str]) -> dict[str, int]:
     if not run_ids:
         return {}
     return dict(import_string(settings.AGORA_RUN_TOKENS)(run_ids))
+
+
+def count_team_tokens(*, team_id: int, tokens: int) -> None:
+    """A teammate's turn adds the tokens its model calls used to its team's total, in the
+    transaction that stores them in its transcript; nothing waits for it (config.sql.defer). A
+    budget check then reads one row, however long the team's history."""
+    if tokens:
+        defer(_COUNT_TOKENS_SQL, [tokens, team_id])
+
+
+_COUNT_TOKENS_SQL = prepared(f"UPDATE {Team._meta.db_table} SET tokens_used = tokens_used + %s WHERE id = %s")
 
 
 def check_lead(team: Team, by: User) -> None:
@@ -125,9 +137,9 @@ def spawn_teammate(
     if at_work >= team.max_teammates:
         cap = team.max_teammates
         raise errors.TeamFull(f"{lead.handle}'s team already has {at_work} teammates at work (cap {cap}).")
-    used = sum(tokens_used([pk for pk, _ in runs]).values())
-    if used >= team.max_tokens:
-        raise errors.TeamBudgetExhausted(f"{lead.handle}'s team used {used} of its {team.max_tokens} tokens.")
+    if team.tokens_used >= team.max_tokens:
+        used, budget = team.tokens_used, team.max_tokens
+        raise errors.TeamBudgetExhausted(f"{lead.handle}'s team used {used} of its {budget} tokens.")
     mate, _ = add_agent(
         saga=saga, name=name, role=role, task=prompt, runtime=Collaborator.Runtime.INTERNAL, profile=profile,
         parent=lead.handle, by=by,

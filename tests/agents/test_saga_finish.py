@@ -139,6 +139,8 @@ def test_a_team_that_runs_out_of_tokens_mid_work_stops_its_teammates_before_thei
     wait_until(lambda: run_of(second).status == Run.Status.IDLE, what="the second teammate to idle")
     used = sum(m.tokens for m in actions.roster(team))
     assert used >= team.max_tokens and len(fake_llm.calls_for("eater")) == 2
+    team.refresh_from_db()
+    assert team.tokens_used == used  # the total the turns counted is what their transcripts hold
 
     sent, _ = actions.broadcast(lead=lead, content="Next task.", by=lead.user)
 

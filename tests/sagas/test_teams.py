@@ -3,13 +3,15 @@ direct a team, and the reconciler's idle timeout. The lead is an external agent 
 teammates are internal agents whose turns no worker runs here (their doorbells wait in Redis)."""
 
 import json
+from importlib import import_module
 from typing import Any
 
 import pytest
 from django.conf import LazySettings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from accounts.models import User
+from agents.transcripts import Transcript
 from journal.models import JournalEvent
 from sagas import actions, errors
 from sagas.actions import teams as team_actions
@@ -159,6 +161,39 @@ def test_spawning_past_the_teams_budget_is_refused_with_a_stable_code(team: Team
     assert "cap 2" in refused["detail"] and not Collaborator.objects.filter(name="cy").exists()
     actions.shutdown_teammate(teammate=team["ann"], reason="make room", by=team.user("lead"))
     assert api.post(url(team, "teammates/"), body, format="json").status_code == 201
+
+
+def test_a_teams_tokens_are_counted_by_its_teammates_turns_and_the_migration_counts_earlier_ones(
+    team: Team, settings: LazySettings
+) -> None:
+    ann, ben = spawn(team, "ann"), spawn(team, "ben")
+    outsider, _ = actions.add_agent(
+        saga=team.saga, name="solo", role="Solo", task="t", runtime="internal", profile=profile_named("mate"),
+        by=team.user("lead"),
+    )  # fmt: skip
+    lead_team = actions.team_of(team.saga, "agent:lead")
+    for run_id, calls in ((ann.run.pk, [7, 11]), (ben.run.pk, [5]), (outsider.run.pk, [1000])):
+        transcript = Transcript(run_id)
+        for tokens in calls:  # a turn's model calls, each with what it used
+            transcript.append(1, [{"role": "assistant", "content": "x"}], tokens=tokens)
+        with transaction.atomic():  # as a teammate's turn stores its transcript (agents.executor)
+            saved = transcript.save()
+            if run_id != outsider.run.pk:
+                actions.count_team_tokens(team_id=lead_team.pk, tokens=saved)
+    lead_team.refresh_from_db()
+    assert lead_team.tokens_used == 23  # the outsider's tokens are not the team's
+
+    # A team whose history predates the count: the migration adds up what the transcripts hold.
+    type(lead_team).objects.filter(pk=lead_team.pk).update(tokens_used=0)
+    with connection.cursor() as cursor:
+        cursor.execute(import_module("agents.migrations.0008_team_tokens_counted").COUNT)
+    lead_team.refresh_from_db()
+    assert lead_team.tokens_used == 23
+
+    # The budget is read from that total: at it, no one more joins.
+    type(lead_team).objects.filter(pk=lead_team.pk).update(max_tokens=23)
+    with pytest.raises(errors.TeamBudgetExhausted, match="used 23 of its 23 tokens"):
+        spawn(team, "cy")
 
 
 def test_the_reconciler_shuts_down_a_teammate_idle_past_its_teams_timeout(
