@@ -232,10 +232,12 @@ class HumanRequestAdmin(ReadOnlyAdmin):
 class TeamAdmin(ReadOnlyAdmin):
     """Budgets change through `configure_team` (PATCH /api/v1/sagas/{id}/teams/{lead}/), journaled."""
 
-    list_display = ("lead", "saga", "max_teammates", "max_tokens", "idle_timeout_s", "created_at", "saga_links")
+    list_display = (
+        "lead", "saga", "max_teammates", "max_tokens", "tokens_used", "idle_timeout_s", "created_at", "saga_links",
+    )  # fmt: skip
     search_fields = ("lead__name", "saga__title", "=saga__id")
     list_select_related = ("lead", "saga")
-    fields = ("saga", "lead", "max_teammates", "max_tokens", "idle_timeout_s", "created_at")
+    fields = ("saga", "lead", "max_teammates", "max_tokens", "tokens_used", "idle_timeout_s", "created_at")
     readonly_fields = fields
 
 

@@ -102,7 +102,8 @@ def configure_team(*, lead: Collaborator, by: User, **budgets: float | None) -> 
     team = new_team(saga, lead)
     for name, value in changes.items():
         setattr(team, name, value if name == "idle_timeout_s" else int(value))
-    team.save(update_fields=[*changes] or None)
+    if changes:  # only the budgets: `tokens_used` is the teammates' turns' to add to
+        team.save(update_fields=[*changes])
     record(
         saga_id=saga.pk,
         type="team.configured",
