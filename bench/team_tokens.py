@@ -1,0 +1,140 @@
+"""What a teammate's budget check costs as its team's transcripts grow: the team's total, against
+the sum over every teammate's transcript that it replaced, in the same run.
+
+    .venv/bin/python bench/team_tokens.py [--history 0,2000,20000] [--calls 300]
+
+Every turn of a teammate starts by reading its team's token budget and what the team has used
+(`agents.executor._TEAM_TOKENS_SQL`): now one row, the `tokens_used` its teammates' turns add to.
+Before, it summed the tokens of every transcript entry of every teammate. Here a team of two
+teammates gets a growing number of transcript entries (`--history`, split between them), and both
+reads are timed `--calls` times as the hot path runs them (on PostgreSQL prepared, with fresh
+statistics). Printed: the median per history size, and its ratio to the read with no history.
+
+Runs on SQLite (a temporary data dir) and, when it answers, on PostgreSQL at
+postgres://postgres@127.0.0.1:5432 in a temporary database that is dropped afterwards; each in a
+child process, since settings are read from the environment once.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(BASE_DIR))
+
+from bench.journal_append import postgres_database  # noqa: E402
+
+
+def measure(sizes: list[int], calls: int) -> dict[str, Any]:
+    """In the child: the medians, in microseconds, per history size."""
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    from accounts.models import User
+    from agents.executor import _TEAM_TOKENS_SQL
+    from agents.models import TranscriptEntry
+    from config.sql import prepared
+    from sagas import actions
+    from sagas.models import Run, Team
+
+    call_command("migrate", verbosity=0)
+    call_command("load_profiles", str(BASE_DIR / "agents/profiles/default.json"), verbosity=0)
+    owner = User.objects.create_user(f"bench-{uuid.uuid4().hex[:8]}")
+    saga = actions.create_saga(title="Team tokens", owner=owner)
+    lead, _ = actions.add_agent(saga=saga, name="lead", role="Lead", task="t", runtime="external", by=owner)
+    profile = "assistant"
+    mates = [
+        actions.spawn_teammate(lead=lead, name=name, role="Mate", prompt="p", profile=profile, by=owner)[0]
+        for name in ("ann", "ben")
+    ]
+    runs = [Run.objects.get(collaborator=mate) for mate in mates]
+    team = Team.objects.get(lead=lead)
+    summed = prepared(  # the check before: every entry of every teammate's transcript
+        f"SELECT t.max_tokens, (SELECT COALESCE(SUM(e.tokens), 0) FROM {TranscriptEntry._meta.db_table} e "
+        f"JOIN {Run._meta.db_table} r ON r.id = e.run_id WHERE r.team_id = t.id) FROM {Team._meta.db_table} t "
+        "WHERE t.id = %s"
+    )
+
+    def timed(sql: str) -> float:
+        samples = []
+        with connection.cursor() as cursor:
+            for _ in range(calls):
+                started = time.perf_counter()
+                cursor.execute(sql, [team.pk])
+                cursor.fetchone()
+                samples.append(time.perf_counter() - started)
+        return statistics.median(samples) * 1e6
+
+    results: dict[str, Any] = {"vendor": connection.vendor, "sizes": {}}
+    made = 0
+    for size in sizes:
+        TranscriptEntry.objects.bulk_create(
+            [
+                TranscriptEntry(run=runs[seq % 2], seq=seq, turn=seq, message={"role": "assistant", "content": "x"},
+                                tokens=18)
+                for seq in range(made + 1, size + 1)
+            ],
+            batch_size=2000,
+        )  # fmt: skip
+        made = size
+        if connection.vendor == "postgresql":  # as autovacuum would
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE")
+        results["sizes"][size] = {"summed": timed(summed), "total": timed(_TEAM_TOKENS_SQL)}
+    return results
+
+
+def run_child(database_url: str | None, sizes: list[int], calls: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as data_dir:
+        env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        env.update(AGORA_DATA_DIR=data_dir, DJANGO_SETTINGS_MODULE="config.settings", LOG_LEVEL="WARNING")
+        if database_url:
+            env["DATABASE_URL"] = database_url
+        argv = [sys.executable, __file__, "--child", "--history", ",".join(map(str, sizes)), "--calls", str(calls)]
+        done = subprocess.run(argv, env=env, cwd=BASE_DIR, capture_output=True, text=True, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def report(results: dict[str, Any]) -> None:
+    sizes = results["sizes"]
+    base = sizes[min(sizes, key=int)]
+    print(f"\n{results['vendor']}: median per budget check, µs (ratio to no history)")
+    print(f"  {'transcript entries':>18} {'sum (before)':>16} {'team total':>16}")
+    for size, cell in sizes.items():
+        print(
+            f"  {int(size):>18,} {cell['summed']:>8.0f} ({cell['summed'] / base['summed']:4.1f}x)"
+            f" {cell['total']:>8.0f} ({cell['total'] / base['total']:4.1f}x)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--history", default="0,2000,20000", help="transcript entries of the team, comma-separated")
+    parser.add_argument("--calls", type=int, default=300, help="reads timed per size")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sizes = sorted({int(n) for n in args.history.split(",")})
+    if args.child:
+        print(json.dumps(measure(sizes, args.calls)))
+        return
+    report(run_child(None, sizes, args.calls))
+    with postgres_database() as url:
+        if url is None:
+            print("\nPostgreSQL does not answer at 127.0.0.1:5432: skipped")
+        else:
+            report(run_child(url, sizes, args.calls))
+
+
+if __name__ == "__main__":
+    main()
