@@ -12,27 +12,17 @@ its rules), and each read is timed `--calls` times as the hot path runs it (on P
 prepared statement with its generic plan, config/postgresql/base.py). Printed: the median per
 history size, and its ratio to the read with no history, measured in the same run.
 
-Runs on SQLite (a temporary data dir) and, when it answers, on PostgreSQL at
-postgres://postgres@127.0.0.1:5432 in a temporary database that is dropped afterwards; each in a
-child process, since settings are read from the environment once.
+Runs on SQLite and, when it answers, on PostgreSQL (bench/growth.py).
 """
 
-import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(BASE_DIR))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.journal_append import postgres_database  # noqa: E402
+from bench.growth import main, median_us
 
 OPEN = 3  # of A's requests to B, the first few are still open; the rest answered
 
@@ -60,14 +50,6 @@ def measure(sizes: list[int], calls: int) -> dict[str, Any]:
         add_agent(saga=saga, name=name, role="r", task="t", runtime="external", by=owner)
     a, b = (Collaborator.objects.get(saga=saga, name=name) for name in ("a", "b"))
 
-    def timed(read: Any) -> float:
-        samples = []
-        for _ in range(calls):
-            started = time.perf_counter()
-            read()
-            samples.append(time.perf_counter() - started)
-        return statistics.median(samples) * 1e6
-
     def requests(n: int, status: str) -> None:
         now = timezone.now()
         fields = {"saga": saga, "sender": a, "recipient": b, "type": "t", "payload": {}, "reply": {}}
@@ -85,52 +67,14 @@ def measure(sizes: list[int], calls: int) -> dict[str, Any]:
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE")
         results["sizes"][size] = {
-            "ask": timed(lambda: read_ask(saga, a, "b")),
-            "ending": timed(lambda: fetch(_STRANDED_SQL, [b.pk], AgentRequest, Collaborator, Collaborator)),
+            "ask": median_us(lambda: read_ask(saga, a, "b"), calls),
+            "ending": median_us(lambda: fetch(_STRANDED_SQL, [b.pk], AgentRequest, Collaborator, Collaborator), calls),
         }
     return results
 
 
-def run_child(database_url: str | None, sizes: list[int], calls: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as data_dir:
-        env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-        env.update(AGORA_DATA_DIR=data_dir, DJANGO_SETTINGS_MODULE="config.settings", LOG_LEVEL="WARNING")
-        if database_url:
-            env["DATABASE_URL"] = database_url
-        argv = [sys.executable, __file__, "--child", "--history", ",".join(map(str, sizes)), "--calls", str(calls)]
-        done = subprocess.run(argv, env=env, cwd=BASE_DIR, capture_output=True, text=True, check=True)
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def report(results: dict[str, Any]) -> None:
-    sizes = results["sizes"]
-    base = sizes[min(sizes, key=int)]
-    print(f"\n{results['vendor']}: median per read, µs (ratio to no history)")
-    print(f"  {'answered requests':>18} {'ask read':>16} {'ending read':>16}")
-    for size, cell in sizes.items():
-        print(
-            f"  {int(size):>18,} {cell['ask']:>8.0f} ({cell['ask'] / base['ask']:4.1f}x)"
-            f" {cell['ending']:>8.0f} ({cell['ending'] / base['ending']:4.1f}x)"
-        )
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--history", default="0,2000,20000", help="answered requests from A to B, comma-separated")
-    parser.add_argument("--calls", type=int, default=300, help="reads timed per size")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    sizes = sorted({int(n) for n in args.history.split(",")})
-    if args.child:
-        print(json.dumps(measure(sizes, args.calls)))
-        return
-    report(run_child(None, sizes, args.calls))
-    with postgres_database() as url:
-        if url is None:
-            print("\nPostgreSQL does not answer at 127.0.0.1:5432: skipped")
-        else:
-            report(run_child(url, sizes, args.calls))
-
-
 if __name__ == "__main__":
-    main()
+    main(
+        __file__, __doc__ or "", measure, history="answered requests", what="read",
+        reads={"ask": "ask read", "ending": "ending read"},
+    )  # fmt: skip

@@ -27,7 +27,7 @@ from pathlib import Path
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
-from bench.model_client import SERVER  # noqa: E402
+from bench.model_client import fake_server  # noqa: E402
 
 PARENT = """
 import json, os, sys, time
@@ -71,11 +71,7 @@ def main() -> None:
     parser.add_argument("--forks", type=int, default=10, help="pool processes forked per parent")
     args = parser.parse_args()
 
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(BASE_DIR)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        url = server.stdout.readline().strip()  # type: ignore[union-attr]
+    with fake_server() as url:
         env = {
             **os.environ,
             "OPENAI_BASE_URL": url,
@@ -102,9 +98,6 @@ def main() -> None:
                 cells.append(f"{statistics.median(walls):8.2f} / {statistics.median(cpus):6.2f}")
             label = {"first": "first call", "second endpoint": "first call, second endpoint"}.get(call, "a later call")
             print(f"  {label:28}" + "".join(f"{cell:>22}" for cell in cells))
-    finally:
-        server.stdin.close()  # type: ignore[union-attr]
-        server.wait(timeout=10)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,20 @@ fake.rule("m", lambda body: say('{"summary": "done", "progress": {"status": "com
 print(fake.url, flush=True)
 sys.stdin.read()  # until the benchmark closes it
 """
+
+
+@contextmanager
+def fake_server() -> Iterator[str]:
+    """The fake OpenAI-compatible server in a process of its own (its CPU is not the caller's):
+    its base URL, until the block ends."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(BASE_DIR)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        yield server.stdout.readline().strip()  # type: ignore[union-attr]
+    finally:
+        server.stdin.close()  # type: ignore[union-attr]
+        server.wait(timeout=10)
 
 
 def workload(tools: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -82,11 +97,7 @@ def main() -> None:
 
     from agents.providers import OpenAICompatibleProvider
 
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(BASE_DIR)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        url = server.stdout.readline().strip()  # type: ignore[union-attr]
+    with fake_server() as url:
         os.environ.update(OPENAI_BASE_URL=url, OPENAI_API_KEY="not-needed")
         provider = OpenAICompatibleProvider("default")
         messages, tools = workload(args.tools)
@@ -111,9 +122,6 @@ def main() -> None:
         print(f"  typed chat.completions.create(): {typed_cpu:6.2f} ms CPU  {typed_wall:6.2f} ms wall")
         print(f"  the provider (client.post):      {plain_cpu:6.2f} ms CPU  {plain_wall:6.2f} ms wall")
         print(f"  CPU saved per call: {typed_cpu - plain_cpu:.2f} ms ({typed_cpu / plain_cpu:.1f}x less)")
-    finally:
-        server.stdin.close()  # type: ignore[union-attr]
-        server.wait(timeout=10)
 
 
 if __name__ == "__main__":

@@ -10,19 +10,10 @@ teammates gets a growing number of transcript entries (`--history`, split betwee
 reads are timed `--calls` times as the hot path runs them (on PostgreSQL prepared, with fresh
 statistics). Printed: the median per history size, and its ratio to the read with no history.
 
-Runs on SQLite (a temporary data dir) and, when it answers, on PostgreSQL at
-postgres://postgres@127.0.0.1:5432 in a temporary database that is dropped afterwards; each in a
-child process, since settings are read from the environment once.
+Runs on SQLite and, when it answers, on PostgreSQL (bench/growth.py).
 """
 
-import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,7 +21,7 @@ from typing import Any
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
-from bench.journal_append import postgres_database  # noqa: E402
+from bench.growth import main, median_us  # noqa: E402
 
 
 def measure(sizes: list[int], calls: int) -> dict[str, Any]:
@@ -67,14 +58,8 @@ def measure(sizes: list[int], calls: int) -> dict[str, Any]:
     )
 
     def timed(sql: str) -> float:
-        samples = []
         with connection.cursor() as cursor:
-            for _ in range(calls):
-                started = time.perf_counter()
-                cursor.execute(sql, [team.pk])
-                cursor.fetchone()
-                samples.append(time.perf_counter() - started)
-        return statistics.median(samples) * 1e6
+            return median_us(lambda: cursor.execute(sql, [team.pk]).fetchone(), calls)
 
     results: dict[str, Any] = {"vendor": connection.vendor, "sizes": {}}
     made = 0
@@ -95,46 +80,8 @@ def measure(sizes: list[int], calls: int) -> dict[str, Any]:
     return results
 
 
-def run_child(database_url: str | None, sizes: list[int], calls: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as data_dir:
-        env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-        env.update(AGORA_DATA_DIR=data_dir, DJANGO_SETTINGS_MODULE="config.settings", LOG_LEVEL="WARNING")
-        if database_url:
-            env["DATABASE_URL"] = database_url
-        argv = [sys.executable, __file__, "--child", "--history", ",".join(map(str, sizes)), "--calls", str(calls)]
-        done = subprocess.run(argv, env=env, cwd=BASE_DIR, capture_output=True, text=True, check=True)
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def report(results: dict[str, Any]) -> None:
-    sizes = results["sizes"]
-    base = sizes[min(sizes, key=int)]
-    print(f"\n{results['vendor']}: median per budget check, µs (ratio to no history)")
-    print(f"  {'transcript entries':>18} {'sum (before)':>16} {'team total':>16}")
-    for size, cell in sizes.items():
-        print(
-            f"  {int(size):>18,} {cell['summed']:>8.0f} ({cell['summed'] / base['summed']:4.1f}x)"
-            f" {cell['total']:>8.0f} ({cell['total'] / base['total']:4.1f}x)"
-        )
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--history", default="0,2000,20000", help="transcript entries of the team, comma-separated")
-    parser.add_argument("--calls", type=int, default=300, help="reads timed per size")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    sizes = sorted({int(n) for n in args.history.split(",")})
-    if args.child:
-        print(json.dumps(measure(sizes, args.calls)))
-        return
-    report(run_child(None, sizes, args.calls))
-    with postgres_database() as url:
-        if url is None:
-            print("\nPostgreSQL does not answer at 127.0.0.1:5432: skipped")
-        else:
-            report(run_child(url, sizes, args.calls))
-
-
 if __name__ == "__main__":
-    main()
+    main(
+        __file__, __doc__ or "", measure, history="transcript entries", what="budget check",
+        reads={"summed": "sum (before)", "total": "team total"},
+    )  # fmt: skip
