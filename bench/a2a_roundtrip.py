@@ -130,7 +130,7 @@ def main() -> None:
         procs.append(start([sys.executable, *celery, "--without-mingle", "--without-gossip"], workdir / "worker.log"))
         port = free_port()
         procs.append(start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                            "config.asgi:application"], workdir / "web.log"))  # fmt: skip
+                            "config.web:application"], workdir / "web.log"))  # fmt: skip
         base = f"http://127.0.0.1:{port}"
         clients = Clients(base, str(saga.pk), token)
 

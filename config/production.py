@@ -48,7 +48,7 @@ HOST_STEPS = [
 SERVICES = [
     Command(
         "web",
-        "python -m daphne -b $WEB_HOST -p $WEB_PORT config.asgi:application",
+        "python -m daphne -b $WEB_HOST -p $WEB_PORT config.web:application",
         "web: stateless, run as many as you like",
     ),
     Command(

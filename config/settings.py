@@ -129,6 +129,9 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["OPTIONS"].setdefault(
         "connect_timeout", int(os.environ.get("AGORA_DB_CONNECT_TIMEOUT_S", "5"))
     )
+# The most connections the web process keeps open to PostgreSQL, lent to its requests in turn
+# (config/web.py); 0: a connection of its own for each request. Only the web process pools.
+AGORA_DB_POOL_MAX = int(os.environ.get("AGORA_DB_POOL_MAX", "20"))
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "accounts.User"

@@ -236,7 +236,7 @@ class WebServer:
         self.stopped = False
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.web:application"],
             cwd=BASE_DIR,
             env=child_env(self.redis_url, **self.env),
             stdout=log,

@@ -169,6 +169,12 @@ def send(conn: Any, before: list[str], *after: str) -> None:
     deliver(cursor, before)
 
 
+def unsent(conn: Any) -> None:
+    """Nothing waits on `conn`: no BEGIN, no deferred statement, no PREPARE."""
+    conn.agora_begin, conn.agora_pending = "", []
+    conn.agora_preparing = {}  # by query, the name of its prepared statement whose PREPARE waits in `pending`
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
     def get_connection_params(self) -> dict[str, Any]:
         options = self.settings_dict["OPTIONS"]
@@ -188,19 +194,23 @@ class DatabaseWrapper(base.DatabaseWrapper):
                 # it a few milliseconds each time), and plan afresh forever one whose generic plan
                 # it happens to estimate dearer.
                 params["options"] = f"{params.get('options', '')} -c plan_cache_mode=force_generic_plan".lstrip()
-        params["agora_prepare"] = prepare
         return params
 
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
-        prepare = conn_params.pop("agora_prepare", True)
         conn = super().get_new_connection(conn_params)
-        conn.agora_begin, conn.agora_pending = "", []
-        conn.agora_prepared = {} if prepare else None  # by query, the name of its prepared statement
-        conn.agora_preparing = {}  # the same, for those whose PREPARE waits in `pending`
-        # Binds deferred statements' parameters and never runs one: one per connection keeps its
-        # adapters between statements, where a cursor for each would look them up again.
-        conn.agora_binder = base.Cursor(conn)
+        unsent(conn)
+        if not hasattr(conn, "agora_prepared"):  # a new session, not one a pool lends again (pool.py)
+            prepare = self.settings_dict["OPTIONS"].get("prepared_statements", True)
+            conn.agora_prepared = {} if prepare else None  # by query, the name of its prepared statement
+            # Binds deferred statements' parameters and never runs one: one per connection keeps its
+            # adapters between statements, where a cursor for each would look them up again.
+            conn.agora_binder = base.Cursor(conn)
         return conn
+
+    def _close(self) -> Any:
+        if self.pool and self.connection is not None:  # handed back: what waits for a statement never goes
+            unsent(self.connection)
+        return super()._close()
 
     @property
     def batches(self) -> bool:
