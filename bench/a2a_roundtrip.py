@@ -9,8 +9,9 @@ with what it was sent: an external agent of the saga sends it a message over A2A
 two alternate, one in flight, over one keep-alive HTTP connection each; a round trip is the
 client's wall time for the call. Medians per round, then the median over rounds and the ratio.
 
-It needs nothing running: a temporary data dir with its own SQLite database, the embedded
-redis-server on a free port, one Celery worker (`-c 1`) and one daphne, all killed at the end.
+It needs nothing running: a temporary data dir with its own SQLite database (or, with `--postgres`,
+a temporary database on the local PostgreSQL server), the embedded redis-server on a free port, one
+Celery worker (`-c 1`) and one daphne, all killed at the end.
 Settings are production's (DEBUG=0).
 """
 
@@ -24,19 +25,21 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
+from bench.journal_append import PG_SERVER, postgres_database  # noqa: E402
 from tests.support import RedisServer, free_port, stop_process, wait_until  # noqa: E402
 
 
-def configure(workdir: Path, redis_base: str) -> None:
+def configure(workdir: Path, redis_base: str, database_url: str) -> None:
     os.environ.update(
         DJANGO_SETTINGS_MODULE="config.settings",
         AGORA_DATA_DIR=str(workdir),
-        DATABASE_URL=f"sqlite:///{workdir / 'bench.sqlite3'}",
+        DATABASE_URL=database_url,
         REDIS_URL=f"{redis_base}/0",
         DEBUG="0",
         SECRET_KEY=secrets.token_urlsafe(50),
@@ -98,13 +101,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--trials", type=int, default=50, help="round trips of each kind per round")
+    parser.add_argument("--postgres", action="store_true", help=f"a temporary database on {PG_SERVER}, not SQLite")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="agora-bench-a2a-"))
     redis = RedisServer(workdir / "redis")
     procs: list[subprocess.Popen[bytes]] = []
+    cleanup = ExitStack()
     try:
-        configure(workdir, redis.base_url)
+        database_url = f"sqlite:///{workdir / 'bench.sqlite3'}"
+        if args.postgres:
+            database_url = cleanup.enter_context(postgres_database()) or sys.exit(f"No PostgreSQL at {PG_SERVER}")
+        configure(workdir, redis.base_url, database_url)
         import django
 
         django.setup()
@@ -144,9 +152,8 @@ def main() -> None:
         for _ in range(5):  # warm both paths: imports, connections, caches
             clients.rest_round_trip()
             clients.a2a_round_trip()
-        print(
-            f"{os.cpu_count()} cores; SQLite (WAL) in {workdir}; one worker -c 1; daphne; load {os.getloadavg()[0]:.2f}"
-        )
+        database = "PostgreSQL (a temporary database)" if args.postgres else f"SQLite (WAL) in {workdir}"
+        print(f"{os.cpu_count()} cores; {database}; one worker -c 1; daphne; load {os.getloadavg()[0]:.2f}")
         a2a_medians, rest_medians = [], []
         for i in range(args.rounds):
             a2a_ms: list[float] = []
@@ -163,6 +170,7 @@ def main() -> None:
     finally:
         for proc in procs:
             stop_process(proc, grace=5)
+        cleanup.close()  # the temporary database (dropped with whatever still holds a connection to it)
         redis.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
