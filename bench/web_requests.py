@@ -99,7 +99,6 @@ def main() -> None:
 
             django.setup()
             from django.core.management import call_command
-            from django.db import connections
 
             from accounts.models import User
             from agents.actions import load_profiles
@@ -115,7 +114,6 @@ def main() -> None:
             _, token = actions.add_agent(saga=saga, name="client", role="Client", task="Ask", runtime="external",
                                          by=owner)  # fmt: skip
             assert token is not None
-            connections.close_all()
 
             celery = ["-m", "celery", "-A", "config", "worker", "-l", "WARNING", "-P", "prefork", "-c", "1"]
             procs.append(start([sys.executable, *celery, "--without-mingle", "--without-gossip"], workdir / "w.log"))
@@ -150,8 +148,6 @@ def main() -> None:
                 single = statistics.median(medians[call_name, "a connection per request"])
                 print(f"  {call_name:<26}{pooled:>10.2f}{single:>28.2f}{single / pooled:>7.2f}x")
             print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-            for proc in procs:  # before the database goes
-                stop_process(proc, grace=5)
     finally:
         for proc in procs:
             stop_process(proc, grace=5)
