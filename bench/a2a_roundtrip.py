@@ -27,6 +27,7 @@ import time
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
@@ -49,11 +50,47 @@ def configure(workdir: Path, redis_base: str, database_url: str) -> None:
     )
 
 
-def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def start(argv: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
+    """A process of the stack, with this environment and `env`, its output in `log`."""
     with log.open("ab") as out:
         return subprocess.Popen(
-            argv, cwd=BASE_DIR, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            argv, cwd=BASE_DIR, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+
+def start_web(workdir: Path, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A daphne serving the production web app on a free port, and its URL."""
+    port = free_port()
+    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.web:application"]
+    return start(argv, workdir / f"web-{port}.log", **env), f"http://127.0.0.1:{port}"
+
+
+def start_worker(workdir: Path) -> subprocess.Popen[bytes]:
+    """One Celery worker, one process (`-c 1`)."""
+    celery = ["-m", "celery", "-A", "config", "worker", "-l", "WARNING", "-P", "prefork", "-c", "1"]
+    return start([sys.executable, *celery, "--without-mingle", "--without-gossip"], workdir / "worker.log")
+
+
+def echo_saga(title: str) -> tuple[Any, str]:
+    """In the configured database, migrated here: a saga with `agent:echo` (internal, on the scripted
+    provider: it replies with what it was sent) and an external `agent:client`; the saga and the
+    client's API token."""
+    from django.core.management import call_command
+
+    from accounts.models import User
+    from agents.actions import load_profiles
+    from sagas import actions
+
+    call_command("migrate", verbosity=0)
+    load_profiles(entries=[{"name": "bench-echo", "role": "Echo", "model": "scripted:responder",
+                            "tools": ["reply"], "resumable": True, "max_turns": 1_000_000}])  # fmt: skip
+    owner = User.objects.create_user(username="bench", password=secrets.token_urlsafe(16))
+    saga = actions.create_saga(title=title, goal="", owner=owner)
+    actions.add_agent(saga=saga, name="echo", role="Echo", task="Echo", runtime="internal", profile="bench-echo",
+                      resumable=True, by=owner)  # fmt: skip
+    _, token = actions.add_agent(saga=saga, name="client", role="Client", task="Ask", runtime="external", by=owner)
+    assert token is not None
+    return saga, token
 
 
 def p95(values: list[float]) -> float:
@@ -117,29 +154,14 @@ def main() -> None:
 
         django.setup()
         import httpx
-        from django.core.management import call_command
 
-        from accounts.models import User
-        from agents.actions import load_profiles
         from sagas import actions
 
-        call_command("migrate", verbosity=0)
-        load_profiles(entries=[{"name": "bench-echo", "role": "Echo", "model": "scripted:responder",
-                                "tools": ["reply"], "resumable": True, "max_turns": 1_000_000}])  # fmt: skip
-        owner = User.objects.create_user(username="bench", password=secrets.token_urlsafe(16))
-        saga = actions.create_saga(title="A2A bench", goal="", owner=owner)
-        actions.add_agent(saga=saga, name="echo", role="Echo", task="Echo", runtime="internal", profile="bench-echo",
-                          resumable=True, by=owner)  # fmt: skip
-        actions.set_exposed(saga=saga, handle="agent:echo", exposed=True, by=owner)
-        _, token = actions.add_agent(saga=saga, name="client", role="Client", task="Ask", runtime="external", by=owner)
-        assert token is not None
-
-        celery = ["-m", "celery", "-A", "config", "worker", "-l", "WARNING", "-P", "prefork", "-c", "1"]
-        procs.append(start([sys.executable, *celery, "--without-mingle", "--without-gossip"], workdir / "worker.log"))
-        port = free_port()
-        procs.append(start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                            "config.web:application"], workdir / "web.log"))  # fmt: skip
-        base = f"http://127.0.0.1:{port}"
+        saga, token = echo_saga("A2A bench")
+        actions.set_exposed(saga=saga, handle="agent:echo", exposed=True, by=saga.owner)
+        procs.append(start_worker(workdir))
+        web, base = start_web(workdir)
+        procs.append(web)
         clients = Clients(base, str(saga.pk), token)
 
         def answers() -> bool:

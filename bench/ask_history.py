@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.growth import main, median_us
+from bench.growth import analyze, main, median_us
 
 OPEN = 3  # of A's requests to B, the first few are still open; the rest answered
 
@@ -63,9 +63,7 @@ def measure(sizes: list[int], calls: int) -> dict[str, Any]:
     for size in sizes:
         requests(size - made, "completed")
         made = size
-        if connection.vendor == "postgresql":  # as autovacuum would; SQLite plans by its rules, unanalyzed
-            with connection.cursor() as cursor:
-                cursor.execute("ANALYZE")
+        analyze()
         results["sizes"][size] = {
             "ask": median_us(lambda: read_ask(saga, a, "b"), calls),
             "ending": median_us(lambda: fetch(_STRANDED_SQL, [b.pk], AgentRequest, Collaborator, Collaborator), calls),

@@ -20,6 +20,16 @@ from bench.journal_append import BASE_DIR, postgres_database
 Measure = Callable[[list[int], int], dict[str, Any]]  # (history sizes, calls) -> {"vendor", "sizes"}
 
 
+def analyze() -> None:
+    """On PostgreSQL, fresh statistics for the history just grown, as autovacuum would keep them
+    (SQLite plans by its own rules, unanalyzed, as Agora leaves it)."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+
+
 def median_us(read: Callable[[], object], calls: int) -> float:
     """The median of `calls` timings of `read`, in microseconds."""
     samples = []

@@ -21,7 +21,7 @@ from typing import Any
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
-from bench.growth import main, median_us  # noqa: E402
+from bench.growth import analyze, main, median_us  # noqa: E402
 
 
 def measure(sizes: list[int], calls: int) -> dict[str, Any]:
@@ -73,9 +73,7 @@ def measure(sizes: list[int], calls: int) -> dict[str, Any]:
             batch_size=2000,
         )  # fmt: skip
         made = size
-        if connection.vendor == "postgresql":  # as autovacuum would
-            with connection.cursor() as cursor:
-                cursor.execute("ANALYZE")
+        analyze()
         results["sizes"][size] = {"summed": timed(summed), "total": timed(_TEAM_TOKENS_SQL)}
     return results
 

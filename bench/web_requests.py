@@ -18,7 +18,6 @@ Settings are production's (DEBUG=0).
 
 import argparse
 import os
-import secrets
 import shutil
 import statistics
 import subprocess
@@ -33,17 +32,11 @@ from pathlib import Path
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
+from bench.a2a_roundtrip import configure, echo_saga, start_web, start_worker  # noqa: E402
 from bench.journal_append import PG_SERVER, postgres_database  # noqa: E402
-from tests.support import RedisServer, free_port, stop_process, wait_until  # noqa: E402
+from tests.support import RedisServer, stop_process, wait_until  # noqa: E402
 
 POOLS = {"pooled": "20", "a connection per request": "0"}
-
-
-def start(argv: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            argv, cwd=BASE_DIR, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
 
 
 class Client:
@@ -90,39 +83,17 @@ def main() -> None:
         with postgres_database() as database_url:
             if database_url is None:
                 sys.exit(f"PostgreSQL does not answer at {PG_SERVER}")
-            os.environ.update(
-                DJANGO_SETTINGS_MODULE="config.settings", AGORA_DATA_DIR=str(workdir), DATABASE_URL=database_url,
-                REDIS_URL=f"{redis.base_url}/0", DEBUG="0", SECRET_KEY=secrets.token_urlsafe(50),
-                ALLOWED_HOSTS="127.0.0.1,localhost", LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1",
-            )  # fmt: skip
+            configure(workdir, redis.base_url, database_url)
             import django
 
             django.setup()
-            from django.core.management import call_command
-
-            from accounts.models import User
-            from agents.actions import load_profiles
-            from sagas import actions
-
-            call_command("migrate", verbosity=0)
-            load_profiles(entries=[{"name": "bench-echo", "role": "Echo", "model": "scripted:responder",
-                                    "tools": ["reply"], "resumable": True, "max_turns": 1_000_000}])  # fmt: skip
-            owner = User.objects.create_user(username="bench", password=secrets.token_urlsafe(16))
-            saga = actions.create_saga(title="web bench", goal="", owner=owner)
-            actions.add_agent(saga=saga, name="echo", role="Echo", task="Echo", runtime="internal",
-                              profile="bench-echo", resumable=True, by=owner)  # fmt: skip
-            _, token = actions.add_agent(saga=saga, name="client", role="Client", task="Ask", runtime="external",
-                                         by=owner)  # fmt: skip
-            assert token is not None
-
-            celery = ["-m", "celery", "-A", "config", "worker", "-l", "WARNING", "-P", "prefork", "-c", "1"]
-            procs.append(start([sys.executable, *celery, "--without-mingle", "--without-gossip"], workdir / "w.log"))
+            saga, token = echo_saga("web bench")
+            procs.append(start_worker(workdir))
             clients = {}
             for label, pool in POOLS.items():
-                port = free_port()
-                daphne = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.web:application"]
-                procs.append(start(daphne, workdir / f"web-{pool}.log", AGORA_DB_POOL_MAX=pool))
-                clients[label] = Client(f"http://127.0.0.1:{port}", str(saga.pk), token)
+                web, base = start_web(workdir, AGORA_DB_POOL_MAX=pool)
+                procs.append(web)
+                clients[label] = Client(base, str(saga.pk), token)
             for client in clients.values():
                 wait_until(partial(answers, client), timeout=60, interval=0.2, what="the web servers and the worker")
                 for call in CALLS.values():  # warm: imports, connections, caches
