@@ -198,8 +198,8 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
         conn = super().get_new_connection(conn_params)
-        unsent(conn)
-        if not hasattr(conn, "agora_prepared"):  # a new session, not one a pool lends again (pool.py)
+        if not hasattr(conn, "agora_prepared"):  # a new session; one a pool lends again was reset when handed back
+            unsent(conn)
             prepare = self.settings_dict["OPTIONS"].get("prepared_statements", True)
             conn.agora_prepared = {} if prepare else None  # by query, the name of its prepared statement
             # Binds deferred statements' parameters and never runs one: one per connection keeps its
