@@ -365,20 +365,26 @@ class Turns:
         return scripted.header(kind="handoff", **{"from": self.delegator}) + "\n" + json.dumps(handoff)
 
     def resume_wait(self) -> bool:
-        """The parked `ask_agent(mode="wait")` gets its result: the reply, or `timed_out`."""
-        run = Run.objects.select_related("waiting_on__recipient").get(pk=self.run.pk)
-        request = run.waiting_on
-        if request is None:
-            return False
+        """The parked `ask_agent(mode="wait")` gets its result: the reply, or `timed_out`. The reply
+        is most often among the steering read with the claim (consume_reply_ahead()): then nothing
+        here waits for the database."""
+        run, me = self.run, self.collaborator
+        request: AgentRequest | None
+        if taken := actions.consume_reply_ahead(recipient=me, request_id=run.waiting_on_id, turn=self.turn):
+            request, by = taken
+        else:
+            request, by = Run.objects.select_related("waiting_on__recipient").get(pk=run.pk).waiting_on, ""
+            if request is None:
+                return False
+            if not request.is_open:
+                actions.consume_reply(recipient=me, request=request, turn=self.turn)
         if request.is_open:
             result: dict[str, Any] = {"request_id": request.pk, "status": "pending", "timed_out": True}
         else:
-            result = actions.outcome(request)
+            result = actions.outcome(request, by=by)
             count_round_trip(request, at=timezone.now())
-            actions.consume_reply(recipient=self.collaborator, request=request, turn=self.turn)
         self.transcript.append(self.turn, [tool_message(run.wait_tool_call_id, result)])
-        Run.objects.filter(pk=run.pk).update(waiting_on=None, wait_tool_call_id="")
-        self.run.waiting_on_id = None
+        actions.clear_wait(run=run)
         return True
 
     def resume_remote_wait(self) -> bool:

@@ -38,6 +38,7 @@ from sagas.actions.runs import (
     claim_turn,
     claimed_run,
     claimed_run_sql,
+    clear_wait,
     end_turn,
     end_turn_later,
     finish_run,
@@ -48,7 +49,14 @@ from sagas.actions.runs import (
     set_external_status,
     turn_lost,
 )
-from sagas.actions.steering import consume_reply, consume_steering, read_ahead, steer, unread_ahead
+from sagas.actions.steering import (
+    consume_reply,
+    consume_reply_ahead,
+    consume_steering,
+    read_ahead,
+    steer,
+    unread_ahead,
+)
 from sagas.actions.teams import (
     broadcast,
     configure_team,
@@ -85,8 +93,10 @@ __all__ = [
     "claim_turn",
     "claimed_run",
     "claimed_run_sql",
+    "clear_wait",
     "configure_team",
     "consume_reply",
+    "consume_reply_ahead",
     "consume_steering",
     "count_team_tokens",
     "create_saga",

@@ -345,9 +345,10 @@ def close_request(request: AgentRequest, *, actor: str, notify_recipient: bool) 
     )  # fmt: skip
 
 
-def outcome(request: AgentRequest) -> dict[str, Any]:
-    """What the sender learns: the seed's result shape."""
-    body: dict[str, Any] = {"request_id": request.pk, "status": request.status, "from": request.recipient.handle}
+def outcome(request: AgentRequest, *, by: str = "") -> dict[str, Any]:
+    """What the sender learns: the seed's result shape. `by`: the recipient's handle, where the
+    caller knows it without the request's recipient."""
+    body: dict[str, Any] = {"request_id": request.pk, "status": request.status, "from": by or request.recipient.handle}
     body["payload"] = request.reply if request.status == Status.COMPLETED else None
     if request.error:
         body["error"] = request.error

@@ -279,10 +279,16 @@ _RENEW_HELD_SQL = prepared(guarded(_RENEW_SQL, "agora_turn_held"))
 def park_on_request(*, run: Run, turn: int, request_id: str, tool_call_id: str) -> None:
     """Remember, with the request's creation, which tool call waits on it; the turn parks at its
     end. The caller's run object learns it too: end_turn() reads it from there."""
-    Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, turn=turn).update(
-        waiting_on_id=request_id, wait_tool_call_id=tool_call_id
-    )
+    mine = {"id": run.pk, "status": Run.Status.RUNNING, "turn": turn}
+    update(Run, mine, later=True, waiting_on=request_id, wait_tool_call_id=tool_call_id)  # nothing reads its count
     run.waiting_on_id, run.wait_tool_call_id = request_id, tool_call_id
+
+
+def clear_wait(*, run: Run) -> None:
+    """The parked wait is over (its result is in the turn's transcript): with the turn's
+    transaction, nothing waits for it (config.sql.defer)."""
+    update(Run, {"id": run.pk}, later=True, waiting_on=None, wait_tool_call_id="")
+    run.waiting_on_id, run.wait_tool_call_id = None, ""
 
 
 def end_turn(*, run: Run, turn: int, more: bool, carry_on: bool = False) -> str | None:

@@ -19,7 +19,7 @@ from sagas.actions.locking import lock_open_saga, lock_saga, rings_early
 from sagas.actions.payloads import check_payload
 from sagas.metrics import count_round_trips
 from sagas.models import AgentRequest, Broadcast, Collaborator, HumanRequest, Run, Saga, SteeringItem
-from sagas.wakeups import publish_after_commit, ring_run, ring_run_after_commit, steering_channel
+from sagas.wakeups import publish_after_commit, ring_run, steering_channel
 
 Unread = Callable[[], list[list[Any]]]  # a recipient's unread steering, read ahead: read_ahead()
 # The recipient whose unread steering the current transaction has read ahead, and what it read.
@@ -102,26 +102,44 @@ def wake(collaborator: Collaborator) -> None:
     transaction.on_commit(ring)
 
 
-def ring_before_commit(collaborator: Collaborator) -> str | None:
-    """Ring the collaborator's idle run now rather than after commit where that is safe
-    (locking.rings_early()): the Celery hop then overlaps the rest of this transaction and its
-    COMMIT. Only for a collaborator that came with its run, idle as read under the saga's lock
-    (by an ask, or by a reply in a turn): an older copy costs at most a doorbell that finds the
-    run taken. Returns the id of the run it rang."""
+def ring_before_commit(collaborator: Collaborator, *, parked_on: Any = None) -> str | None:
+    """Ring the collaborator's idle run (or, with `parked_on`, its run parked on that request) now
+    rather than after commit where that is safe (locking.rings_early()): the Celery hop then
+    overlaps the rest of this transaction and its COMMIT. Only for a collaborator that came with
+    its run, as read under the saga's lock (by an ask, or by a reply in a turn): an older copy
+    costs at most a doorbell that finds the run taken. Returns the id of the run it rang."""
     if not Collaborator.run.is_cached(collaborator):
         return None
     run = collaborator.run
-    if run.status != Run.Status.IDLE or not rings_early(collaborator.saga_id):
+    if parked_on is None:
+        ready = run.status == Run.Status.IDLE
+    else:
+        ready = run.status == Run.Status.WAITING and str(run.waiting_on_id) == str(parked_on)
+    if not ready or not rings_early(collaborator.saga_id):
         return None
     ring_run(run.pk)
     return str(run.pk)
 
 
 def resume_waiter(request: AgentRequest) -> None:
-    """A run parked on this request gets its next turn, which reads the outcome."""
-    for run_id in Run.objects.filter(status=Run.Status.WAITING, waiting_on=request).values_list("pk", flat=True):
-        if Run.objects.filter(pk=run_id, status=Run.Status.WAITING).update(status=Run.Status.QUEUED, wait_until=None):
-            ring_run_after_commit(run_id)
+    """A run parked on this request gets its next turn, which reads the outcome. As in wake(),
+    nothing waits for the database: the run to ring comes back before the commit it is rung
+    after, or was rung before it."""
+    woken = rows_later(_RESUME_SQL, [Run.Status.QUEUED.value, request.pk, Run.Status.WAITING.value])
+    rung = ring_before_commit(request.sender, parked_on=request.pk)
+
+    def ring() -> None:
+        for (run_id,) in woken():
+            if run_id != rung:
+                ring_run(run_id)
+
+    transaction.on_commit(ring)
+
+
+_RESUME_SQL = prepared(
+    f"UPDATE {Run._meta.db_table} SET status = %s, wait_until = NULL WHERE waiting_on_id = %s AND status = %s "
+    "RETURNING id"
+)
 
 
 def check_backlog(recipient: Collaborator) -> None:
@@ -189,6 +207,26 @@ def consume_reply(*, recipient: Collaborator, request: AgentRequest, turn: int) 
     SteeringItem.objects.filter(recipient=recipient, request=request, consumed_at__isnull=True).update(
         consumed_turn=turn, consumed_at=request.updated_at
     )
+
+
+def consume_reply_ahead(*, recipient: Collaborator, request_id: Any, turn: int) -> tuple[AgentRequest, str] | None:
+    """consume_reply() from the steering read ahead for the recipient (unread_ahead()), with
+    nothing waiting for the database: the closed request and who answered it (its items' sender);
+    consume_steering() then takes the rest of what was read ahead. None when that holds no item
+    about the request (nothing was read ahead, or the request is still open): the caller reads it."""
+    ahead = _ahead.get()
+    if ahead is None or ahead[0] != recipient.pk:
+        return None
+    rows = ahead[1]()
+    mine = [row for row in rows if row[1] is not None and str(row[1].pk) == str(request_id) and not row[1].is_open]
+    if not mine:
+        return None
+    rest = [row for row in rows if all(row is not taken for taken in mine)]
+    _ahead.set((recipient.pk, lambda: rest))
+    item, request = mine[0]
+    ids = [i.pk for i, _ in mine]
+    update(SteeringItem, {"id": ids}, later=True, consumed_turn=turn, consumed_at=request.updated_at)
+    return request, item.sender
 
 
 def read_ahead(run_id: str) -> Unread | None:

@@ -2,6 +2,7 @@
 PostgreSQL, its round trips to the server (libpq's protocol trace, each ending with the server's
 ReadyForQuery). A change that adds a statement to every task fails here, not in a benchmark."""
 
+import json
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ from django.utils import timezone
 from psycopg import pq
 
 from accounts.models import User
-from agents import executor, transcripts
+from agents import executor, scripted, transcripts
 from agents.executor import run_turn
 from agents.models import AgentProfile, TranscriptEntry
 from journal.models import JournalEvent
@@ -226,3 +227,48 @@ def test_a_task_whose_run_another_worker_claimed_writes_nothing(saga: Saga, alic
     assert not TranscriptEntry.objects.filter(run_id=echo.run.pk, turn=2).exists()
     if connection.vendor == "postgresql":
         assert trips() == 2  # the claim with the read, then the ROLLBACK
+
+
+def test_a_sender_parked_on_a_wait_takes_the_reply_read_with_its_claim(
+    saga: Saga, alice: User, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps = [{"tool": "ask_agent", "args": {"to": "agent:echo", "type": "ping", "mode": "wait", "payload": {"n": 1}}}]
+    (tmp_path / "waiter.json").write_text(json.dumps({"steps": steps, "idle_text": "Got it."}))
+    dirs = scripted.playbook_dirs()
+    monkeypatch.setattr(scripted, "playbook_dirs", lambda: [*dirs, tmp_path])
+    AgentProfile.objects.create(name="waiter", role="Waiter", model="scripted:waiter", tools=["ask_agent"])
+    echo = add(saga, alice, "echo", runtime="internal", profile="echo")
+    waiter = add(saga, alice, "waiter", runtime="internal", profile="waiter")
+    run_turn(echo.run.pk)  # its handoff, then idle
+    with round_trips() as parking:
+        run_turn(waiter.run.pk)  # its handoff, then the ask: it parks
+    assert Run.objects.get(pk=waiter.run.pk).status == Run.Status.WAITING
+    with round_trips() as replying:
+        run_turn(echo.run.pk)  # the reply: the waiter is queued again
+    request = AgentRequest.objects.get(sender=waiter)
+    assert request.status == AgentRequest.Status.COMPLETED
+    assert Run.objects.get(pk=waiter.run.pk).status == Run.Status.QUEUED
+
+    with CaptureQueriesContext(connection) as queries, round_trips() as trips:
+        run_turn(waiter.run.pk)
+
+    run = Run.objects.get(pk=waiter.run.pk)
+    assert (run.status, run.waiting_on_id, run.wait_tool_call_id) == (Run.Status.IDLE, None, "")
+    result = TranscriptEntry.objects.filter(run_id=run.pk, message__role="tool").order_by("-seq").first()
+    assert result is not None and json.loads(result.message["content"]) == {
+        "request_id": request.pk, "status": "completed", "from": "agent:echo", "payload": {"echo": {"n": 1}}
+    }  # fmt: skip
+    reply = SteeringItem.objects.get(recipient=waiter, request=request)
+    assert (reply.consumed_turn, reply.consumed_at) == (result.turn, request.updated_at)
+    # The reply is not rendered again as input: the turn after the wait sees only the tool's result.
+    user_messages = TranscriptEntry.objects.filter(run_id=run.pk, turn=result.turn, message__role="user")
+    assert not user_messages.exists()
+    sent = [written_out(q["sql"]) for q in queries.captured_queries]
+    if connection.vendor == "postgresql":
+        # Neither the request nor the run is read again, nor the steering: the claim read them.
+        listing = "\n".join(s[:160] for s in sent)
+        assert not any("FROM sagas_agentrequest" in s and "sagas_steeringitem" not in s for s in sent), listing
+        assert trips() == 3  # the claim with its reads, its COMMIT with the writes, the turn that rests
+        # The reply wakes the parked sender with statements nothing waits for: it costs what a reply
+        # to an external asker does; the ask that parks, 7 (its handoff's turn included).
+        assert (parking(), replying()) == (7, ROUND_TRIPS)

@@ -15,6 +15,7 @@ from sagas.actions import (
     claim_turn,
     consume_steering,
     end_turn,
+    park_on_request,
     reply_to_request,
     saga_transaction,
 )
@@ -103,6 +104,24 @@ def test_a_reply_in_a_turn_rings_the_idle_asker_before_its_commit(make_team: Mak
     assert claimed is not None and claimed.turn == 2
     (response,) = consume_steering(recipient=team["lead"], turn=2)
     assert (response.kind, response.request_id, response.payload) == (SteeringItem.Kind.RESPONSE, request.pk, {"ok": 1})
+
+
+def test_a_reply_in_a_turn_rings_the_asker_parked_on_it_before_its_commit_and_once(
+    make_team: MakeTeam, redis_url: str
+) -> None:
+    team = make_team(internal=["lead"])
+    lead = claim_turn(run_id=team.run("lead").pk)
+    assert lead is not None
+    request, _ = ask_agent(sender=team["lead"], to="agent:coder", type="ping", payload={"n": 1}, mode="wait")
+    park_on_request(run=lead, turn=1, request_id=request.pk, tool_call_id="call-1")
+    assert end_turn(run=lead, turn=1, more=False) == Run.Status.WAITING
+
+    _, claimed = rung_inside(
+        team, redis_url, lead, lambda: reply_to_request(request_id=request.pk, by=team.user("coder"), payload={"ok": 1})
+    )
+
+    assert claimed is not None and (claimed.turn, claimed.waiting_on_id) == (2, request.pk)
+    assert queued_turns(redis_url) == [lead.pk]  # and not rung a second time after the commit
 
 
 def test_a_doorbell_rung_before_a_rollback_finds_nothing_to_claim(make_team: MakeTeam, redis_url: str) -> None:
