@@ -1,12 +1,16 @@
 """The ask_agent round trip through the real stack, next to a bare Celery two-hop round trip.
 
     .venv/bin/python bench/ask_agent_rtt.py [--rounds R] [--trials T] [--pairs P] [--asks N] [--profile]
+                                            [--mode async|wait] [--postgres]
 
 Agent A asks agent B asynchronously (both internal, on the scripted provider), B's turn replies,
 and the reply is injected into A's next turn. One round trip runs from the request's `created_at`
 to the `consumed_at` of B's response in A's steering: both written by the worker processes to the
-database. Everything is real: Celery worker processes, Redis, the SQLite database (WAL), kernel
-actions, the journal and its publishing to the channel layer.
+database. With `--mode wait`, A's ask parks its run until the reply, which its next turn takes in
+as the tool call's result: the round trip then ends at that result's transcript entry
+(`created_at`, written with that turn's first commit). Everything is real: Celery worker
+processes, Redis, the SQLite database (WAL), kernel actions, the journal and its publishing to the
+channel layer.
 
 Per worker configuration (one `celery worker -P prefork`, `-c 1` then `-c 2`) and per round:
 - latency, one round trip in flight: a fresh saga, B started and idle, then A added; A's first
@@ -76,13 +80,13 @@ def configure(workdir: Path, redis_base: str, database_url: str) -> None:
     )
 
 
-def write_playbooks(folder: Path, asks: int) -> None:
+def write_playbooks(folder: Path, asks: int, mode: str = "async") -> None:
     folder.mkdir(parents=True, exist_ok=True)
     responder = {"replies": {"bench.ping": {"pong": True}}}
     (folder / "bench-responder.json").write_text(json.dumps(responder))
     for name, n in (("bench-asker-1", 1), ("bench-asker-n", asks)):
         steps = [
-            {"tool": "ask_agent", "args": {"to": "agent:b", "type": "bench.ping", "mode": "async",
+            {"tool": "ask_agent", "args": {"to": "agent:b", "type": "bench.ping", "mode": mode,
                                            "payload": {**PAYLOAD, "n": i}}}
             for i in range(n)
         ]  # fmt: skip
@@ -171,9 +175,10 @@ class Round:
 
 
 class Agora:
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "async") -> None:
         from accounts.models import User
 
+        self.mode = mode
         self.owner = User.objects.create_user(username=f"bench-{uuid.uuid4().hex[:8]}")
         self.sagas = 0
 
@@ -193,23 +198,22 @@ class Agora:
 
     def round_trip(self) -> float:
         """One ask_agent round trip with nothing else in flight; milliseconds."""
-        from sagas.models import Run, SteeringItem
+        from sagas.models import Run
 
         saga = self.saga()
         b = self.add(saga, "b", "bench-responder")
         wait_until(lambda: Run.objects.filter(collaborator=b, status=Run.Status.IDLE).exists(), interval=0.01)
         a = self.add(saga, "a", "bench-asker-1")
-        answered = SteeringItem.objects.filter(recipient=a, kind=SteeringItem.Kind.RESPONSE, consumed_at__isnull=False)
-        wait_until(answered.exists, interval=0.01, what="the reply to reach A's turn")
-        ((created, consumed),) = timestamps(answered)
-        return (consumed - created) * 1000
+        answered = wait_until(lambda: self.taken_in([a]), interval=0.01, what="the reply to reach A's turn")
+        ((created, taken),) = answered
+        return (taken - created) * 1000
 
     def throughput(self, pairs: int, asks: int) -> tuple[float, list[float], float]:
         """P pairs asking N times each, all at once: (round trips/s, their latencies in ms, turns per round trip)."""
         from django.db import transaction
         from django.db.models import Sum
 
-        from sagas.models import Run, SteeringItem
+        from sagas.models import Run
 
         with transaction.atomic():  # every pair starts at commit
             sagas = [self.saga() for _ in range(pairs)]
@@ -217,25 +221,35 @@ class Agora:
             for saga in sagas:
                 self.add(saga, "b", "bench-responder")
                 askers.append(self.add(saga, "a", "bench-asker-n"))
-        answered = SteeringItem.objects.filter(
-            recipient__in=askers, kind=SteeringItem.Kind.RESPONSE, consumed_at__isnull=False
-        )
         total = pairs * asks
-        wait_until(lambda: answered.count() >= total, timeout=600, interval=0.1, what=f"{total} round trips")
-        rows = timestamps(answered)
+
+        def all_taken_in() -> list[tuple[float, float]] | None:
+            rows = self.taken_in(askers)
+            return rows if len(rows) >= total else None
+
+        rows = wait_until(all_taken_in, timeout=600, interval=0.1, what=f"{total} round trips")
         turns = Run.objects.filter(collaborator__saga__in=sagas).aggregate(t=Sum("turn"))["t"]
         latencies = [(consumed - created) * 1000 for created, consumed in rows]
         first_ask = min(created for created, _ in rows)
         return sustained_rate(first_ask, [consumed for _, consumed in rows]), latencies, turns / total
 
+    def taken_in(self, askers: list[Any]) -> list[tuple[float, float]]:
+        """(the request's created_at, when its asker took the reply in) of each reply taken in, in
+        seconds: its response's `consumed_at` (async), or its tool result's transcript entry (wait)."""
+        from agents.models import TranscriptEntry
+        from sagas.models import AgentRequest, SteeringItem
 
-def timestamps(responses: Any) -> list[tuple[float, float]]:
-    """(the request's created_at, the response's consumed_at) of consumed responses, in seconds."""
-    rows = []
-    for created, consumed in responses.values_list("request__created_at", "consumed_at"):
-        assert created is not None and consumed is not None
-        rows.append((created.timestamp(), consumed.timestamp()))
-    return rows
+        if self.mode == "async":
+            answered = SteeringItem.objects.filter(
+                recipient__in=askers, kind=SteeringItem.Kind.RESPONSE, consumed_at__isnull=False
+            ).values_list("request__created_at", "consumed_at")
+            return [(created.timestamp(), consumed.timestamp()) for created, consumed in answered if consumed]
+        results = TranscriptEntry.objects.filter(run__collaborator__in=askers, message__role="tool")
+        asked = dict(AgentRequest.objects.filter(sender__in=askers).values_list("id", "created_at"))
+        return [
+            (asked[json.loads(message["content"])["request_id"]].timestamp(), at.timestamp())
+            for message, at in results.values_list("message", "created_at")
+        ]
 
 
 # --- the bare baseline ---------------------------------------------------------------------------
@@ -513,6 +527,7 @@ def main() -> None:
     parser.add_argument("--asks", type=int, default=50, help="asks per A for throughput (at most 64 open)")
     parser.add_argument("--concurrency", default="1,2", help="worker pool sizes to measure, comma-separated")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the in-process turns")
+    parser.add_argument("--mode", choices=["async", "wait"], default="async", help="A's ask_agent mode")
     parser.add_argument(
         "--postgres", action="store_true", help=f"use a temporary database on {PG_SERVER} instead of SQLite"
     )
@@ -530,7 +545,7 @@ def main() -> None:
         else:
             database_url, database = f"sqlite:///{workdir / 'bench.sqlite3'}", f"SQLite (WAL) in {workdir}"
         configure(workdir, redis.base_url, database_url)
-        write_playbooks(workdir / "playbooks", args.asks)
+        write_playbooks(workdir / "playbooks", args.asks, args.mode)
         import django
 
         django.setup()
@@ -541,8 +556,8 @@ def main() -> None:
 
         call_command("migrate", verbosity=0)
         load_profiles(entries=PROFILES)
-        agora, bare = Agora(), Bare(os.environ["BENCH_BARE_REDIS_URL"])
-        print(f"{os.cpu_count()} cores; {database}; redis-server at {redis.base_url}")
+        agora, bare = Agora(args.mode), Bare(os.environ["BENCH_BARE_REDIS_URL"])
+        print(f"{os.cpu_count()} cores; {database}; redis-server at {redis.base_url}; ask_agent mode {args.mode}")
         print(f"load average at start: {loadavg()} (other work on the machine slows every figure)", flush=True)
 
         results: dict[int, list[Round]] = {}
