@@ -9,6 +9,25 @@ from config.payloads import text_problem
 API_PREFIX = "/api/"
 
 
+class RequireContentLength:
+    """Refuse an API request whose body comes without a Content-Length (chunked) with a 411
+    `length_required`: the request would otherwise reach its view with an empty body, and an error
+    about missing fields where the fields were sent."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        meta = request.META
+        if not (meta.get("HTTP_TRANSFER_ENCODING") and not meta.get("CONTENT_LENGTH")):
+            return self.get_response(request)
+        if not request.path_info.startswith(API_PREFIX):
+            return HttpResponse("length_required: send the body with a Content-Length.", status=411)
+        body = {"type": "about:blank", "title": "Length required", "status": 411, "code": "length_required",
+                "detail": "Send the body with a Content-Length header (a chunked body is not read)."}  # fmt: skip
+        return JsonResponse(body, status=411, content_type="application/problem+json")
+
+
 class RefuseUnstorableInput:
     """Refuse a path, query string or submitted form holding text no database can store (NUL;
     lone surrogates cannot arrive here, since Django decodes with replacement) with a 400

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -47,7 +48,8 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     if isinstance(exc, Problem):
         return problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
     if isinstance(exc, RequestDataTooBig):
-        return problem(413, "payload_too_large", "Payload too large", str(exc))
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE  # Django's own message names the setting
+        return problem(413, "payload_too_large", "Payload too large", f"Limit is {limit} bytes for a request body.")
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

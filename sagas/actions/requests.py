@@ -166,6 +166,11 @@ def check_ask(
     """Whether sender may ask `to` now: visible, addressable, available, within the limits, as
     read_ask() found. Returns the recipient (with its run) and the new request's hop."""
     kind = to.partition(":")[0]
+    if kind == Collaborator.Kind.HUMAN:
+        raise errors.InvalidPayload(
+            "ask_agent addresses agents; a person is asked with ask_human (POST /sagas/{id}/human-requests/).",
+            errors={"to": ["An agent: agent:<name>."]},
+        )
     recipient = facts.recipient if kind == Collaborator.Kind.AGENT else None  # an agent of that name
     if recipient is None:
         raise errors.NotFound(f"No collaborator {to} in this saga.")
@@ -284,7 +289,9 @@ def reply_to_request(*, request_id: str, by: User, payload: Any = None, error: A
     if request.recipient.user_id != by.pk:
         raise errors.Forbidden("Only the recipient replies to a request.")
     if (payload is None) == (error is None):
-        raise errors.InvalidPayload("Send a payload or an error.", errors={"payload": ["payload or error, not both."]})
+        raise errors.InvalidPayload(
+            "Send a payload or an error.", errors={"payload": ["Exactly one of payload or error."]}
+        )
     check_payload(payload if error is None else error)
     status = Status.COMPLETED if error is None else Status.FAILED
     err = None if error is None else normalise_error(error)

@@ -3,6 +3,7 @@
 In-process calls go through DRF's APIClient (the async views run under the test client too, as
 long as they do not wait); waits and races run against a real daphne process (`web_server`)."""
 
+import http.client
 import json
 import threading
 import time
@@ -165,7 +166,8 @@ def test_a_payload_over_the_limit_is_413_and_stores_nothing(team: Team, as_agent
     body = problem(ask(tester, team, over), 413, "payload_too_large")
     assert "262144" in body["detail"]
     huge = {"to": "agent:coder", "type": "big", "payload": {"blob": "x" * (3 * 1024 * 1024)}}
-    problem(ask(tester, team, huge), 413, "payload_too_large")  # refused before it is even parsed
+    body = problem(ask(tester, team, huge), 413, "payload_too_large")  # refused before it is even parsed
+    assert body["detail"] == f"Limit is {256 * 1024 + 64 * 1024} bytes for a request body."
     assert (AgentRequest.objects.count(), SteeringItem.objects.count(), JournalEvent.objects.count()) == before
 
     rid = ask(tester, team, {"to": "agent:coder", "type": "small", "payload": {}}).data["request_id"]
@@ -289,6 +291,30 @@ def test_a_wait_that_closes_a_cycle_is_refused_with_deadlock(web_server: WebServ
         tester.post(f"/api/v1/requests/{first.pk}/reply/", {"payload": "done"}).ok(200)
         assert held.result(timeout=40).ok(200)["payload"] == "done"
     assert not AgentRequest.objects.filter(type="b", mode="wait").exists()
+
+
+def test_a_chunked_body_is_411_over_http_and_stores_nothing(web_server: WebServer, team: Team) -> None:
+    tester = agent_http(web_server, team, "tester")
+    body = json.dumps({"to": "agent:coder", "type": "streamed", "payload": {"n": 1}}).encode()
+    conn = http.client.HTTPConnection(tester.host, tester.port, timeout=30)
+    try:  # a body given as an iterable, without a Content-Length: http.client sends it chunked
+        headers = {"Authorization": f"Bearer {tester.token}", "Content-Type": "application/json"}
+        conn.request("POST", f"/api/v1/sagas/{team.saga.pk}/requests/", body=iter([body]), headers=headers)
+        response = conn.getresponse()
+        status, answer = response.status, json.loads(response.read())
+    finally:
+        conn.close()
+    assert (status, answer["code"]) == (411, "length_required")
+    assert not AgentRequest.objects.exists()
+    tester.post(f"/api/v1/sagas/{team.saga.pk}/requests/", raw=body).ok(202)  # the same body with its length
+
+
+def test_an_ask_to_a_person_points_to_ask_human(team: Team, as_agent: Client) -> None:
+    body = problem(
+        ask(as_agent("tester"), team, {"to": "human:alice", "type": "x", "payload": {}}), 400, "invalid_payload"
+    )
+    assert "ask_human" in body["detail"] and "to" in body["errors"]
+    assert not AgentRequest.objects.exists()
 
 
 def test_a_body_over_the_server_limit_is_413_over_http(web_server: WebServer, team: Team) -> None:

@@ -311,7 +311,7 @@ def test_the_pending_cap_is_per_sender_and_frees_up_when_answered(team: Team, se
     [
         ("agent:coder", "", None),
         ("agent:nobody", "", errors.NotFound),
-        ("human:bob", "", errors.NotFound),
+        ("human:bob", "", errors.InvalidPayload),  # a person is asked with ask_human
         ("agent:lead", "", errors.InvalidPayload),  # itself
         ("agent:reviewer", "", errors.RecipientUnavailable),
         ("agent:coder", "AGORA_MAX_PENDING_PER_SENDER", errors.TooManyPending),

@@ -186,8 +186,14 @@ def test_an_outsider_cannot_tell_our_agents_from_absent_ones(team: Team, other_t
 
 
 def test_people_are_not_addressed_with_ask_agent(team: Team) -> None:
-    with pytest.raises(errors.NotFound):
-        ask_agent(sender=team["lead"], to="human:alice", type="ping", payload={})
+    # The same answer for a person of the saga and for nobody: it tells which tool asks people.
+    answers = []
+    for to in ("human:alice", "human:nobody"):
+        with pytest.raises(errors.InvalidPayload) as refused:
+            ask_agent(sender=team["lead"], to=to, type="ping", payload={})
+        answers.append(str(refused.value))
+    assert answers[0] == answers[1] and "ask_human" in answers[0]
+    assert not AgentRequest.objects.exists()
 
 
 @pytest.mark.parametrize("to", ["lead", "agent:", "robot:lead", "agent:lead:x", ""])
