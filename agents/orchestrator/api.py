@@ -120,12 +120,14 @@ class PromptCreateApi(APIView):
         serializer = PromptCreateInput(data=request.data)
         serializer.is_valid(raise_exception=True)
         data: dict[str, Any] = dict(serializer.validated_data)
-        prompt, _ = submit_prompt(
+        prompt, created = submit_prompt(
             saga=saga, by=user, text=data["prompt"], team=data["team"], brain=data["brain"], images=data["images"],
             idempotency_key=idempotency_key(request),
         )  # fmt: skip
-        body = {"prompt_id": prompt.pk, "status": prompt.status, "lead": f"agent:{prompt.lead_name}"}
-        return Response(PromptCreatedOutput(body).data, status=202)
+        # A replay gets the first answer, as a replayed request does; the prompt's own page has its status now.
+        body = {"prompt_id": prompt.pk, "status": Prompt.Status.RUNNING, "lead": f"agent:{prompt.lead_name}"}
+        headers = {} if created else {"Idempotent-Replayed": "true"}
+        return Response(PromptCreatedOutput(body).data, status=202, headers=headers)
 
 
 class PromptDetailApi(APIView):
