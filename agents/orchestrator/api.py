@@ -34,7 +34,7 @@ class PromptProblem(serializers.Serializer):
 class PromptCreateInput(Shape):
     prompt = serializers.CharField(max_length=20_000, trim_whitespace=True)
     team = serializers.ListField(child=serializers.CharField(max_length=40), required=False, default=list)
-    brain = serializers.CharField(max_length=64, required=False, default="")
+    brain = serializers.CharField(max_length=64, required=False, default="", allow_blank=True)  # "": the default
     images = serializers.ListField(
         child=serializers.CharField(max_length=2000), required=False, default=list, max_length=8
     )

@@ -262,6 +262,8 @@ def test_bad_input_is_refused_and_retries_are_idempotent(
     again = client.post(url, {"prompt": "Do it"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
     assert first.status_code == again.status_code == 202 and first.json() == again.json()
     assert ("Idempotent-Replayed" not in first.headers, again.headers["Idempotent-Replayed"]) == (True, "true")
+    schema = client.get("/api/v1/schema/?format=json").json()["components"]["schemas"]["PromptCreateInput"]
+    assert "minLength" not in schema["properties"]["brain"]  # its default, "", is valid
     Prompt.objects.update(status=Prompt.Status.COMPLETED)  # as if it ran meanwhile: a replay answers as first
     assert client.post(url, {"prompt": "Do it"}, format="json", HTTP_IDEMPOTENCY_KEY="k1").json() == first.json()
     other = client.post(url, {"prompt": "Something else"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
