@@ -2,17 +2,25 @@
 
 from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 
 from config.payloads import text_problem
+from config.problems import problem_response
 
 API_PREFIX = "/api/"
 
 
+def refuse(request: HttpRequest, status: int, code: str, title: str, detail: str) -> HttpResponse:
+    """A refusal before any view: problem+json under the API, plain text elsewhere."""
+    if request.path_info.startswith(API_PREFIX):
+        return problem_response(status, code, title, detail)
+    return HttpResponse(f"{code}: {detail}", status=status, content_type="text/plain; charset=utf-8")
+
+
 class RequireContentLength:
-    """Refuse an API request whose body comes without a Content-Length (chunked) with a 411
-    `length_required`: the request would otherwise reach its view with an empty body, and an error
-    about missing fields where the fields were sent."""
+    """Refuse a request whose body comes without a Content-Length (chunked) with a 411
+    `length_required`: it would otherwise reach its view with an empty body, and an API client an
+    error about missing fields where the fields were sent."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -21,11 +29,8 @@ class RequireContentLength:
         meta = request.META
         if not (meta.get("HTTP_TRANSFER_ENCODING") and not meta.get("CONTENT_LENGTH")):
             return self.get_response(request)
-        if not request.path_info.startswith(API_PREFIX):
-            return HttpResponse("length_required: send the body with a Content-Length.", status=411)
-        body = {"type": "about:blank", "title": "Length required", "status": 411, "code": "length_required",
-                "detail": "Send the body with a Content-Length header (a chunked body is not read)."}  # fmt: skip
-        return JsonResponse(body, status=411, content_type="application/problem+json")
+        detail = "Send the body with a Content-Length header (a chunked body is not read)."
+        return refuse(request, 411, "length_required", "Length required", detail)
 
 
 class RefuseUnstorableInput:
@@ -44,11 +49,7 @@ class RefuseUnstorableInput:
         problem = self.problem(request)
         if problem is None:
             return self.get_response(request)
-        if request.path_info.startswith(API_PREFIX):
-            body = {"type": "about:blank", "title": "Invalid payload", "status": 400, "code": "invalid_payload",
-                    "detail": problem}  # fmt: skip
-            return JsonResponse(body, status=400, content_type="application/problem+json")
-        return HttpResponse(f"invalid_payload: {problem}", status=400, content_type="text/plain; charset=utf-8")
+        return refuse(request, 400, "invalid_payload", "Invalid payload", problem)
 
     def problem(self, request: HttpRequest) -> str | None:
         if why := text_problem(request.path_info):

@@ -39,9 +39,19 @@ _DRF_CODES: list[tuple[type[Exception], str, str]] = [
 ]
 
 
+def problem_body(status_code: int, code: str, title: str, detail: Any, **extra: Any) -> dict[str, Any]:
+    return {"type": "about:blank", "title": title, "status": status_code, "code": code, "detail": detail, **extra}
+
+
 def problem(status_code: int, code: str, title: str, detail: Any, **extra: Any) -> Response:
-    body = {"type": "about:blank", "title": title, "status": status_code, "code": code, "detail": detail, **extra}
+    body = problem_body(status_code, code, title, detail, **extra)
     return Response(body, status=status_code, content_type="application/problem+json")
+
+
+def problem_response(status_code: int, code: str, title: str, detail: str) -> JsonResponse:
+    """problem() where DRF does not answer: middleware, Django's error handlers."""
+    body = problem_body(status_code, code, title, detail)
+    return JsonResponse(body, status=status_code, content_type="application/problem+json")
 
 
 def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -72,7 +82,7 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
 def server_error(request: HttpRequest) -> HttpResponse:
     """Django's handler500: a problem for API clients, the plain page for browsers; no details."""
     if request.path_info.startswith("/api/"):
-        body = {"type": "about:blank", "title": "Server error", "status": 500, "code": "server_error",
-                "detail": "Something went wrong on our side; it has been logged."}  # fmt: skip
-        return JsonResponse(body, status=500, content_type="application/problem+json")
+        return problem_response(
+            500, "server_error", "Server error", "Something went wrong on our side; it has been logged."
+        )
     return defaults.server_error(request)

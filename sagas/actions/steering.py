@@ -10,7 +10,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import User
-from config.sql import columns, db, defer, fetch, fetch_later, flush, placeholders, prepared, rows_later, update
+from config.sql import (
+    RowsLater,
+    columns,
+    db,
+    defer,
+    fetch,
+    fetch_later,
+    flush,
+    placeholders,
+    prepared,
+    rows_later,
+    update,
+)
 from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
@@ -92,7 +104,12 @@ def wake(collaborator: Collaborator) -> None:
         publish_after_commit(steering_channel(collaborator.pk))
         return
     woken = rows_later(_WAKE_SQL, [Run.Status.QUEUED.value, collaborator.pk, Run.Status.IDLE.value])
-    rung = ring_before_commit(collaborator)
+    ring_woken(woken, rung=ring_before_commit(collaborator))
+
+
+def ring_woken(woken: RowsLater, *, rung: str | None) -> None:
+    """After the commit, ring the runs a deferred `UPDATE … RETURNING id` woke (`woken`), but the
+    one rung before it."""
 
     def ring() -> None:
         for (run_id,) in woken():
@@ -126,14 +143,7 @@ def resume_waiter(request: AgentRequest) -> None:
     nothing waits for the database: the run to ring comes back before the commit it is rung
     after, or was rung before it."""
     woken = rows_later(_RESUME_SQL, [Run.Status.QUEUED.value, request.pk, Run.Status.WAITING.value])
-    rung = ring_before_commit(request.sender, parked_on=request.pk)
-
-    def ring() -> None:
-        for (run_id,) in woken():
-            if run_id != rung:
-                ring_run(run_id)
-
-    transaction.on_commit(ring)
+    ring_woken(woken, rung=ring_before_commit(request.sender, parked_on=request.pk))
 
 
 _RESUME_SQL = prepared(
