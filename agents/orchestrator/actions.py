@@ -67,7 +67,9 @@ def submit_prompt(
     if not may_manage(by, saga):
         raise errors.Forbidden("Only managers of the saga submit prompts.")
     team, images = list(team or []), list(images or [])
-    digest = body_hash(text=text, team=team, brain=brain, images=images)
+    chosen = Brain.objects.filter(name=brain).first() if brain else default_brain()
+    # Hashed by the brain it names, so that a retry naming the default brain replays one that left it out.
+    digest = body_hash(text=text, team=team, brain=chosen.name if chosen else brain, images=images)
     if idempotency_key:
         first = Prompt.objects.filter(saga=saga, submitted_by=by, idempotency_key=idempotency_key).first()
         if first is not None:
@@ -82,7 +84,6 @@ def submit_prompt(
         raise errors.InvalidPayload("The prompt is too long.", errors={"prompt": [f"At most {MAX_PROMPT_CHARS}."]})
     # Refused here, before anything is created; the worker expands them (hooks run only there).
     check_references(text=text, saga=saga, user=by)
-    chosen = Brain.objects.filter(name=brain).first() if brain else default_brain()
     if chosen is None:
         raise errors.InvalidPayload(
             f"No brain {brain!r}.", errors={"brain": ["No such brain; `load_brains` adds them."]}

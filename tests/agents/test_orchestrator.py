@@ -264,6 +264,8 @@ def test_bad_input_is_refused_and_retries_are_idempotent(
     assert ("Idempotent-Replayed" not in first.headers, again.headers["Idempotent-Replayed"]) == (True, "true")
     schema = client.get("/api/v1/schema/?format=json").json()["components"]["schemas"]["PromptCreateInput"]
     assert "minLength" not in schema["properties"]["brain"]  # its default, "", is valid
+    named = client.post(url, {"prompt": "Do it", "brain": "default"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    assert (named.status_code, named.json()) == (202, first.json())  # the default, named or left out: one body
     Prompt.objects.update(status=Prompt.Status.COMPLETED)  # as if it ran meanwhile: a replay answers as first
     assert client.post(url, {"prompt": "Do it"}, format="json", HTTP_IDEMPOTENCY_KEY="k1").json() == first.json()
     other = client.post(url, {"prompt": "Something else"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
