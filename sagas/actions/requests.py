@@ -406,7 +406,8 @@ def expire_request(*, request_id: str) -> bool:
         return False
     lock_saga(request.saga_id)
     # expires_at never changes once set, and the reconciler asks only for requests past it.
-    if request.expires_at > timezone.now() or not settle(request, Status.EXPIRED):
+    expired = {"code": Status.EXPIRED.value, "message": f"No reply before {request.expires_at.isoformat()}."}
+    if request.expires_at > timezone.now() or not settle(request, Status.EXPIRED, error=expired):
         return False
     close_request(request, actor="system", notify_recipient=True)
     return True

@@ -59,8 +59,9 @@ def finish_run(
         data["worker"] = worker
     update(Delegation, {"delegate": collaborator.pk}, later=True, status=DELEGATION_STATUS.get(status, "cancelled"))
     defer(_END_WAITS_SQL, [collaborator.pk])
+    gone = {"code": Status.RECIPIENT_UNAVAILABLE.value, "message": f"{collaborator.handle} ended ({status}) before replying."}
     for request, request.sender, request.recipient in stranded:
-        if settle(request, Status.RECIPIENT_UNAVAILABLE):
+        if settle(request, Status.RECIPIENT_UNAVAILABLE, error=gone):
             close_request(request, actor=collaborator.handle, notify_recipient=False)
     record(
         saga_id=collaborator.saga_id,

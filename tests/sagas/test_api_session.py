@@ -173,7 +173,8 @@ def test_two_external_agents_run_the_protocol_over_http(web_server: WebServer, a
         "status": "completed",
         "worker": "",  # an external agent's run: no worker of Agora's runs it
     }
-    assert tester.get(f"/api/v1/requests/{sid}/").ok(200)["status"] == "recipient_unavailable"
+    unavailable = tester.get(f"/api/v1/requests/{sid}/").ok(200)
+    assert (unavailable["status"], unavailable["error"]["code"]) == ("recipient_unavailable", "recipient_unavailable")
     gone = tester.steering_item(tester_cursor, lambda i: i["request_id"] == sid)
     assert (gone["kind"], gone["from"], gone["status"]) == ("notice", "agent:coder-01", "recipient_unavailable")
     tester.post(f"{base}/requests/", {"to": "agent:coder-01", "type": "x", "payload": {}}).problem(

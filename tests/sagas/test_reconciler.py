@@ -127,7 +127,9 @@ def test_ttl_expiry_is_terminal_with_notices_to_both_sides(team: Team, clock: Cl
 
     assert reconcile() == {**NOTHING, "expired": 1}
 
-    assert AgentRequest.objects.get(pk=request.pk).status == "expired"
+    expired = AgentRequest.objects.get(pk=request.pk)
+    assert (expired.status, expired.error["code"]) == ("expired", "expired")  # the sender reads why
+    assert expired.error["message"] == f"No reply before {expired.expires_at.isoformat()}."
     assert kinds(team["lead"]) == [("notice", request.pk)]
     assert kinds(team["coder"]) == [("request", request.pk), ("notice", request.pk)]
     assert steering(team["coder"])[-1].payload == {"status": "expired"}

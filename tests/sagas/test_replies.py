@@ -333,6 +333,8 @@ def test_finishing_a_run_makes_its_open_requests_recipient_unavailable(team: Tea
 
     stranded = {r.pk: r for r in AgentRequest.objects.filter(pk__in=[delivered.pk, pending.pk])}
     assert {r.status for r in stranded.values()} == {"recipient_unavailable"}
+    why = {"code": "recipient_unavailable", "message": f"agent:coder ended ({status}) before replying."}
+    assert [r.error for r in stranded.values()] == [why, why]
     assert AgentRequest.objects.get(pk=answered.pk).status == "completed"
     still_out = AgentRequest.objects.get(pk=outbound.pk)
     assert (still_out.status, still_out.wait_deadline) == ("pending", None)  # it no longer waits on anyone
