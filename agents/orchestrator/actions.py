@@ -50,6 +50,12 @@ def default_brain() -> Brain | None:
     return Brain.objects.filter(name="default").first() or Brain.objects.first()
 
 
+def check_may_prompt(user: User, saga: Saga) -> None:
+    """Only managers of the saga submit prompts (checked first: a refused caller learns nothing of its body)."""
+    if not may_manage(user, saga):
+        raise errors.Forbidden("Only managers of the saga submit prompts.")
+
+
 @transaction.atomic
 def submit_prompt(
     *,
@@ -64,8 +70,7 @@ def submit_prompt(
     """Start an orchestration on a prompt: its lead `agent:brain-…` joins the saga, the routing
     step is rung after commit. Managers only. Returns the prompt and whether it is new (a retry
     with the same Idempotency-Key and body returns the first one)."""
-    if not may_manage(by, saga):
-        raise errors.Forbidden("Only managers of the saga submit prompts.")
+    check_may_prompt(by, saga)
     team, images = list(team or []), list(images or [])
     chosen = Brain.objects.filter(name=brain).first() if brain else default_brain()
     # Hashed by the brain it names, so that a retry naming the default brain replays one that left it out.

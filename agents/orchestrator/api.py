@@ -6,29 +6,19 @@ from typing import Any
 from uuid import UUID
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import User
-from agents.orchestrator.actions import submit_prompt
+from agents.orchestrator.actions import check_may_prompt, submit_prompt
 from agents.orchestrator.models import Prompt
-from config.openapi import Shape
+from config.openapi import Shape, problems
 from config.parsers import LimitedJSONParser
 from sagas import errors
 from sagas.models import Saga
-
-
-class PromptProblem(serializers.Serializer):
-    """An error, as `application/problem+json` with a stable `code`."""
-
-    type = serializers.CharField()
-    title = serializers.CharField()
-    status = serializers.IntegerField()
-    code = serializers.CharField()
-    detail = serializers.CharField()
 
 
 class PromptCreateInput(Shape):
@@ -76,11 +66,6 @@ class PromptOutput(serializers.Serializer):
     updated_at = serializers.DateTimeField()
 
 
-def problems(*statuses: int) -> dict[tuple[int, str], OpenApiResponse]:
-    problem = OpenApiResponse(PromptProblem, description="A problem with a stable `code`.")
-    return {(status, "application/problem+json"): problem for status in statuses}
-
-
 def principal(request: Request) -> User:
     if not isinstance(request.user, User):
         raise exceptions.NotAuthenticated()
@@ -109,7 +94,7 @@ class PromptCreateApi(APIView):
         operation_id="prompts_create",
         parameters=[IDEMPOTENCY_KEY],
         request=PromptCreateInput,
-        responses={202: PromptCreatedOutput, **problems(400, 401, 403, 404, 409)},
+        responses={202: PromptCreatedOutput, **problems(400, 401, 403, 404, 409, 413)},
     )
     def post(self, request: Request, saga_id: UUID) -> Response:
         """Run the Brain on a prompt (managers of the saga); `team` forces roles (no router, no review)."""
@@ -117,6 +102,7 @@ class PromptCreateApi(APIView):
         saga = Saga.objects.visible_to(user).filter(pk=saga_id).first()
         if saga is None:
             raise errors.NotFound(f"No saga {saga_id}.")
+        check_may_prompt(user, saga)
         serializer = PromptCreateInput(data=request.data)
         serializer.is_valid(raise_exception=True)
         data: dict[str, Any] = dict(serializer.validated_data)

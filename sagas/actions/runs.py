@@ -59,7 +59,8 @@ def finish_run(
         data["worker"] = worker
     update(Delegation, {"delegate": collaborator.pk}, later=True, status=DELEGATION_STATUS.get(status, "cancelled"))
     defer(_END_WAITS_SQL, [collaborator.pk])
-    gone = {"code": Status.RECIPIENT_UNAVAILABLE.value, "message": f"{collaborator.handle} ended ({status}) before replying."}
+    why = f"{collaborator.handle} ended ({status}) before replying."
+    gone = {"code": Status.RECIPIENT_UNAVAILABLE.value, "message": why}
     for request, request.sender, request.recipient in stranded:
         if settle(request, Status.RECIPIENT_UNAVAILABLE, error=gone):
             close_request(request, actor=collaborator.handle, notify_recipient=False)

@@ -234,8 +234,9 @@ def test_only_managers_submit_and_outsiders_see_nothing(
     from sagas import actions
 
     actions.add_human(saga=saga, user=bob, role="Analyst", task="Watch", by=alice)
-    response = client_for(bob).post(f"/api/v1/sagas/{saga.pk}/prompts/", {"prompt": "Do it"}, format="json")
-    assert response.status_code == 403 and response.json()["code"] == "forbidden"
+    for body in ({"prompt": "Do it"}, {"prompt": ""}):  # refused before its body is looked at
+        response = client_for(bob).post(f"/api/v1/sagas/{saga.pk}/prompts/", body, format="json")
+        assert response.status_code == 403 and response.json()["code"] == "forbidden"
     response = client_for(mallory).post(f"/api/v1/sagas/{saga.pk}/prompts/", {"prompt": "Do it"}, format="json")
     assert response.status_code == 404 and response.json()["code"] == "not_found"
     assert not Prompt.objects.exists()
@@ -262,8 +263,13 @@ def test_bad_input_is_refused_and_retries_are_idempotent(
     again = client.post(url, {"prompt": "Do it"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
     assert first.status_code == again.status_code == 202 and first.json() == again.json()
     assert ("Idempotent-Replayed" not in first.headers, again.headers["Idempotent-Replayed"]) == (True, "true")
-    schema = client.get("/api/v1/schema/?format=json").json()["components"]["schemas"]["PromptCreateInput"]
+    document = client.get("/api/v1/schema/?format=json").json()
+    schema = document["components"]["schemas"]["PromptCreateInput"]
     assert "minLength" not in schema["properties"]["brain"]  # its default, "", is valid
+    create = document["paths"]["/api/v1/sagas/{saga_id}/prompts/"]["post"]["responses"]
+    assert {"400", "403", "404", "409", "413"} <= set(create)  # an oversized body is 413, as everywhere
+    problem = create["413"]["content"]["application/problem+json"]["schema"]
+    assert problem == {"$ref": "#/components/schemas/ProblemOutput"}
     named = client.post(url, {"prompt": "Do it", "brain": "default"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
     assert (named.status_code, named.json()) == (202, first.json())  # the default, named or left out: one body
     Prompt.objects.update(status=Prompt.Status.COMPLETED)  # as if it ran meanwhile: a replay answers as first
