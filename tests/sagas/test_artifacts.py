@@ -2,18 +2,21 @@
 content type recorded, downloadable by whoever may see the saga, 404 for everyone else."""
 
 import hashlib
+from pathlib import Path
 
 import pytest
 from django.conf import LazySettings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
+from accounts.actions import issue_token
 from accounts.models import User
 from journal.models import JournalEvent
 from sagas import actions, errors
 from sagas.models import Artifact
-from tests.sagas.api_http import client_for, problem
+from tests.sagas.api_http import Http, client_for, problem
 from tests.sagas.kernel import Team
+from tests.support import WebServer
 
 pytestmark = pytest.mark.usefixtures("fast_passwords")
 
@@ -120,3 +123,27 @@ def test_the_saga_page_lists_uploads_and_links_downloads(team: Team, bob: User) 
     assert again.status_code == 400 and "already has an artifact named plan.md" in again.content.decode()
     empty = page.post(f"{saga_url}artifacts/", {"name": "x.md"})
     assert empty.status_code == 400 and "Choose a file or write a text." in empty.content.decode()
+
+
+@pytest.mark.integration
+def test_the_real_server_leaves_a_malformed_upload_to_the_app_which_refuses_it_with_a_problem(
+    transactional_db: None, redis_url: str, artifacts: Path, alice: User
+) -> None:
+    server = WebServer(redis_url, artifacts)
+    try:
+        saga = actions.create_saga(title="Uploads", owner=alice)
+        web, url = Http(server.url, issue_token(user=alice), scheme="Token"), f"/api/v1/sagas/{saga.pk}/artifacts/"
+        form = {"Content-Type": "multipart/form-data; boundary=b0undary"}
+        for body in (b"--b0undary--\r\n", b"not a multipart body"):  # daphne's server answered both itself
+            refused = web.call("POST", url, raw=body, headers=form)
+            assert (refused.status, refused.headers["content-type"]) == (400, "application/problem+json"), refused
+            assert refused.body["code"] == "invalid_payload" and "file" in refused.body["errors"]
+        upload = (
+            b'--b0undary\r\nContent-Disposition: form-data; name="file"; filename="notes.txt"\r\n'
+            b"Content-Type: text/plain\r\n\r\nhello\r\n--b0undary--\r\n"
+        )
+        added = web.call("POST", url, raw=upload, headers=form).ok(201)
+        assert (added["name"], added["size"]) == ("notes.txt", 5)
+        assert list(Artifact.objects.filter(saga=saga).values_list("name", flat=True)) == ["notes.txt"]
+    finally:
+        server.stop()
