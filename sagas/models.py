@@ -57,6 +57,8 @@ class Saga(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="owned_sagas")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
     policy = models.CharField(max_length=8, choices=Policy.choices, default=Policy.TREE)
+    idempotency_key = models.CharField(max_length=200, blank=True, help_text="Its creator's, for a retried create.")
+    body_hash = models.CharField(max_length=64, blank=True, help_text="What the idempotency key was first used for.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = SagaQuerySet.as_manager()
@@ -64,6 +66,11 @@ class Saga(models.Model):
     class Meta:
         ordering = ["-created_at"]
         permissions = [("manage_saga", "Manage the saga: add collaborators, steer, prompt")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"], condition=~Q(idempotency_key=""), name="saga_idempotency_unique"
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.title

@@ -6,7 +6,7 @@ from sagas.actions.collaborators import NewAgent, add_agent, add_agents, add_hum
 from sagas.actions.exposure import set_exposed
 from sagas.actions.followups import follow_up_request
 from sagas.actions.human_forms import answer_human_request, ask_human, visible_human_request
-from sagas.actions.lifecycle import create_saga, finish_saga
+from sagas.actions.lifecycle import create_saga, create_saga_once, finish_saga
 from sagas.actions.locking import saga_transaction
 from sagas.actions.remote import (
     allow_remote_agent,
@@ -100,6 +100,7 @@ __all__ = [
     "consume_steering",
     "count_team_tokens",
     "create_saga",
+    "create_saga_once",
     "due_expiry_ids",
     "due_remote_calls",
     "due_wait_ids",

@@ -1,7 +1,7 @@
 """A saga's beginning and its end: created with its owner as first collaborator; finished
 (`completed` or `cancelled`) by a manager, which ends everything still at work in it."""
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from guardian.shortcuts import assign_perm
 
 from accounts.models import User
@@ -12,7 +12,7 @@ from sagas.actions.collaborators import actor_id
 from sagas.actions.human_forms import cancel_forms
 from sagas.actions.locking import lock_saga
 from sagas.actions.payloads import check_goal
-from sagas.actions.requests import Status, close_request, settle
+from sagas.actions.requests import Status, body_hash, close_request, settle
 from sagas.actions.runs import finish_run
 from sagas.actions.teams import shutdown_team
 from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga, Team
@@ -21,8 +21,35 @@ TITLE_MAX = 200  # Saga.title's max_length
 FINISHED = (Saga.Status.COMPLETED, Saga.Status.CANCELLED)
 
 
+def create_saga_once(
+    *, title: str, goal: str = "", policy: str = Saga.Policy.TREE, owner: User, idempotency_key: str
+) -> tuple[Saga, bool]:
+    """create_saga() once per Idempotency-Key of its owner: a retry with the same key and body
+    returns the first saga (and False), with another body it is `idempotency_conflict`. Of two
+    retries at once, the key's unique constraint lets one create the saga; the other returns it."""
+    digest = body_hash(title=title, goal=goal, policy=policy)
+    for _ in range(2):
+        first = Saga.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
+        if first is not None:
+            if first.body_hash != digest:
+                raise errors.IdempotencyConflict("This Idempotency-Key was used for another saga.")
+            return first, False
+        try:
+            with transaction.atomic():
+                return create_saga(
+                    title=title, goal=goal, policy=policy, owner=owner, keyed=(idempotency_key, digest)
+                ), True
+        except IntegrityError:
+            continue  # the other one created it meanwhile: found above, this time
+    raise errors.IdempotencyConflict("This Idempotency-Key is in use by a saga being created.")
+
+
 @transaction.atomic
-def create_saga(*, title: str, goal: str = "", policy: str = Saga.Policy.TREE, owner: User) -> Saga:
+def create_saga(
+    *, title: str, goal: str = "", policy: str = Saga.Policy.TREE, owner: User, keyed: tuple[str, str] = ("", "")
+) -> Saga:
+    """A new saga, its owner its first collaborator. `keyed`: the Idempotency-Key it is created
+    for and the hash of its body (create_saga_once())."""
     if not title.strip():
         raise errors.InvalidPayload("A saga needs a title.", errors={"title": ["This field may not be blank."]})
     if len(title) > TITLE_MAX:
@@ -30,7 +57,10 @@ def create_saga(*, title: str, goal: str = "", policy: str = Saga.Policy.TREE, o
     check_goal(goal, field="goal")
     if policy not in Saga.Policy.values:
         raise errors.InvalidPayload(f"Unknown policy {policy!r}.", errors={"policy": [f"One of {Saga.Policy.values}."]})
-    saga = Saga.objects.create(title=title, goal=goal, policy=policy, owner=owner)
+    key, digest = keyed
+    saga = Saga.objects.create(
+        title=title, goal=goal, policy=policy, owner=owner, idempotency_key=key, body_hash=digest
+    )
     for perm in ("sagas.view_saga", "sagas.manage_saga"):
         assign_perm(perm, owner, saga)
     record(

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from django.utils.cache import add_never_cache_headers
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import exceptions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -103,16 +103,27 @@ class SagaListApi(ApiView):
 
 class SagaCreateApi(ApiView):
     @extend_schema(
-        operation_id="sagas_create", request=s.SagaCreateInput, responses={201: s.SagaOutput, **problems(400, 401, 403)}
+        operation_id="sagas_create",
+        parameters=[IDEMPOTENCY_KEY],
+        request=s.SagaCreateInput,
+        responses={
+            201: s.SagaOutput,
+            200: OpenApiResponse(s.SagaOutput, description="A replay of an Idempotency-Key."),
+            **problems(400, 401, 403, 409),
+        },
     )
     def post(self, request: Request) -> Response:
         """Create a saga; the caller becomes its owner, `human:<username>`."""
         if principal(request).is_agent:
             raise errors.Forbidden("Agents work inside sagas; people create them.")
         data = valid(s.SagaCreateInput, request.data)
-        saga = actions.create_saga(
-            title=data["title"], goal=data["goal"], policy=data["policy"], owner=principal(request)
-        )
+        fields = {"title": data["title"], "goal": data["goal"], "policy": data["policy"], "owner": principal(request)}
+        if key := idempotency_key(request):
+            saga, created = actions.create_saga_once(**fields, idempotency_key=key)
+        else:
+            saga, created = actions.create_saga(**fields), True
+        if not created:
+            return Response(s.SagaOutput(saga).data, headers={"Idempotent-Replayed": "true"})
         return Response(s.SagaOutput(saga).data, status=201)
 
 

@@ -14,9 +14,10 @@ from rest_framework.test import APIClient
 from accounts.actions import create_agent_user
 from accounts.models import ApiToken, User
 from journal.models import JournalEvent
-from sagas.models import Collaborator, SteeringItem
+from sagas import actions
+from sagas.models import Collaborator, Saga, SteeringItem
 from tests.sagas.api_http import client_for, problem
-from tests.sagas.kernel import Team
+from tests.sagas.kernel import Team, run_concurrently
 
 pytestmark = pytest.mark.usefixtures("fast_passwords")
 
@@ -130,6 +131,35 @@ def test_sagas_are_created_by_people_and_listed_for_who_may_see_them(alice: User
         client_for(alice).post("/api/v1/sagas/", {"title": "", "policy": "mesh"}, format="json"), 400, "invalid_payload"
     )
     assert set(body["errors"]) == {"title", "policy"}
+
+
+def test_a_retried_create_with_its_idempotency_key_returns_the_first_saga(alice: User, bob: User) -> None:
+    body = {"title": "API v2", "goal": "ship v2"}
+    first = client_for(alice).post("/api/v1/sagas/", body, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    again = client_for(alice).post("/api/v1/sagas/", body, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    assert (first.status_code, again.status_code, again.data) == (201, 200, first.data)
+    assert ("Idempotent-Replayed" not in first.headers, again.headers["Idempotent-Replayed"]) == (True, "true")
+    other = client_for(alice).post("/api/v1/sagas/", {"title": "Else"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    problem(other, 409, "idempotency_conflict")
+    theirs = client_for(bob).post("/api/v1/sagas/", body, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    assert theirs.status_code == 201 and theirs.data["id"] != first.data["id"]  # a key is its owner's
+    unkeyed = [client_for(alice).post("/api/v1/sagas/", body, format="json").status_code for _ in range(2)]
+    assert unkeyed == [201, 201]
+    long = client_for(alice).post("/api/v1/sagas/", body, format="json", HTTP_IDEMPOTENCY_KEY="k" * 201)
+    assert "Idempotency-Key" in problem(long, 400, "invalid_payload")["errors"]
+    assert Saga.objects.filter(owner=alice).count() == 3
+    assert JournalEvent.objects.filter(saga_id=first.data["id"], type="saga.created").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_retries_at_once_create_one_saga(alice: User) -> None:
+    def create() -> tuple[str, bool]:
+        saga, created = actions.create_saga_once(title="Once", owner=alice, idempotency_key="same")
+        return str(saga.pk), created
+
+    outcomes = sorted(future.result() for future in run_concurrently(create, create, create))
+    assert [created for _, created in outcomes] == [False, False, True]
+    assert len({saga_id for saga_id, _ in outcomes}) == 1 == Saga.objects.filter(owner=alice).count()
 
 
 def test_collaborators_join_and_are_discovered_as_the_caller_sees_them(team: Team, alice: User) -> None:
