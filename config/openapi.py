@@ -7,7 +7,8 @@ from typing import Any
 
 from drf_spectacular import openapi
 from drf_spectacular.plumbing import list_hash
-from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer
 from rest_framework import serializers
 
 
@@ -104,6 +105,14 @@ class ProblemOutput(serializers.Serializer):
             help_text="Field errors: a list of messages per field, an object of them for a field with parts.",
         )
         return fields
+
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    description="Retries with the same key and body return the first result; another body → 409.",
+)
 
 
 def problems(*statuses: int) -> dict[tuple[int, str], OpenApiResponse]:

@@ -44,3 +44,11 @@ def seconds_param(query: Mapping[str, str], name: str, *, default: float = 0.0) 
     if not _SECONDS.fullmatch(raw):
         raise InvalidParameter(name, "A non-negative number of seconds, in ASCII digits.")
     return float(raw)
+
+
+def idempotency_key(headers: Mapping[str, str]) -> str:
+    """A create's `Idempotency-Key` header, stripped ("" when absent); at most 200 characters."""
+    key = headers.get("Idempotency-Key", "").strip()
+    if len(key) > 200:
+        raise InvalidParameter("Idempotency-Key", "At most 200 characters.")
+    return key

@@ -5,8 +5,7 @@ saga or prompt that exists looks exactly like one that does not (404 `not_found`
 from typing import Any
 from uuid import UUID
 
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -15,7 +14,8 @@ from rest_framework.views import APIView
 from accounts.models import User
 from agents.orchestrator.actions import check_may_prompt, submit_prompt
 from agents.orchestrator.models import Prompt
-from config.openapi import Shape, problems
+from config.openapi import IDEMPOTENCY_KEY, Shape, problems
+from config.params import idempotency_key
 from config.parsers import LimitedJSONParser
 from sagas import errors
 from sagas.models import Saga
@@ -72,21 +72,6 @@ def principal(request: Request) -> User:
     return request.user
 
 
-def idempotency_key(request: Request) -> str:
-    key = request.headers.get("Idempotency-Key", "").strip()
-    if len(key) > 200:
-        raise exceptions.ValidationError({"Idempotency-Key": ["At most 200 characters."]})
-    return key
-
-
-IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key",
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
-    description="Retries with the same key and body return the first prompt; another body → 409.",
-)
-
-
 class PromptCreateApi(APIView):
     parser_classes = [LimitedJSONParser]
 
@@ -108,7 +93,7 @@ class PromptCreateApi(APIView):
         data: dict[str, Any] = dict(serializer.validated_data)
         prompt, created = submit_prompt(
             saga=saga, by=user, text=data["prompt"], team=data["team"], brain=data["brain"], images=data["images"],
-            idempotency_key=idempotency_key(request),
+            idempotency_key=idempotency_key(request.headers),
         )  # fmt: skip
         # A replay gets the first answer, as a replayed request does; the prompt's own page has its status now.
         body = {"prompt_id": prompt.pk, "status": Prompt.Status.RUNNING, "lead": f"agent:{prompt.lead_name}"}

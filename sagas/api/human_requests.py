@@ -8,14 +8,15 @@ from rest_framework import exceptions
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from config.openapi import IDEMPOTENCY_KEY
+from config.params import idempotency_key
 from sagas import actions, errors
 from sagas.access import collaborator_for
 from sagas.api import serializers as s
 from sagas.api.views import (
-    IDEMPOTENCY_KEY,
     LIST_LIMIT,
     ApiView,
-    idempotency_key,
+    created_or_replayed,
     principal,
     problems,
     valid,
@@ -48,9 +49,9 @@ class HumanRequestCreateApi(ApiView):
         form = valid(s.HumanRequestCreateInput, request.data)
         human_request, created = actions.ask_human(
             asker=asker, title=form["title"], fields=form["fields"], to=form["to"],
-            idempotency_key=idempotency_key(request),
+            idempotency_key=idempotency_key(request.headers),
         )  # fmt: skip
-        return Response(s.HumanRequestCreatedOutput(human_request).data, status=201 if created else 200)
+        return created_or_replayed(s.HumanRequestCreatedOutput(human_request).data, created)
 
 
 class HumanRequestListApi(ApiView):

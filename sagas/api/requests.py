@@ -13,17 +13,16 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, Polymorphic
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from config.params import seconds_param
+from config.openapi import IDEMPOTENCY_KEY
+from config.params import idempotency_key, seconds_param
 from sagas import actions, errors
 from sagas.access import collaborator_for
 from sagas.api import serializers as s
 from sagas.api.views import (
     AFTER,
-    IDEMPOTENCY_KEY,
     STEERING_PAGE,
     ApiView,
     cursor_param,
-    idempotency_key,
     principal,
     problems,
     valid,
@@ -93,7 +92,7 @@ class AgentRequestCreateApi(ApiView):
         if sender is None:
             raise errors.Forbidden("Only agents of this saga ask its agents.")
         ask = valid(s.AskInput, request.data)
-        key = idempotency_key(request)
+        key = idempotency_key(request.headers)
         slot = hold_wait(sender) if ask["mode"] == AgentRequest.Mode.WAIT else None  # before anything is written
         try:
             ask_request, created = actions.ask_agent(

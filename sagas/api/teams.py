@@ -10,10 +10,12 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from config.openapi import IDEMPOTENCY_KEY
+from config.params import idempotency_key
 from sagas import actions, errors
 from sagas.access import collaborator_card
 from sagas.api.serializers import CollaboratorOutput, Shape, one_of
-from sagas.api.views import IDEMPOTENCY_KEY, ApiView, idempotency_key, principal, problems, valid, visible_saga
+from sagas.api.views import ApiView, created_or_replayed, principal, problems, valid, visible_saga
 from sagas.models import Collaborator, Saga, SteeringItem, Team
 
 INBOX_PAGE = 200
@@ -155,10 +157,10 @@ class TeammateSpawnApi(ApiView):
         data = valid(TeammateSpawnInput, request.data)
         mate, created = actions.spawn_teammate(
             lead=lead_of(saga, lead), name=data["name"], role=data["role"] or data["profile"], prompt=data["prompt"],
-            profile=data["profile"], by=principal(request), idempotency_key=idempotency_key(request),
+            profile=data["profile"], by=principal(request), idempotency_key=idempotency_key(request.headers),
         )  # fmt: skip
         mate.refresh_from_db()
-        return Response(CollaboratorOutput(collaborator_card(mate)).data, status=201 if created else 200)
+        return created_or_replayed(CollaboratorOutput(collaborator_card(mate)).data, created)
 
 
 class BroadcastCreateApi(ApiView):
@@ -178,9 +180,9 @@ class BroadcastCreateApi(ApiView):
         team = actions.team_of(saga, lead)  # anyone who sees the saga sees its agents: not_team_lead, not 404
         content = valid(BroadcastInput, request.data)["content"]
         sent, created = actions.broadcast(
-            lead=team.lead, content=content, by=principal(request), idempotency_key=idempotency_key(request)
+            lead=team.lead, content=content, by=principal(request), idempotency_key=idempotency_key(request.headers)
         )
-        return Response(BroadcastOutput(sent).data, status=201 if created else 200)
+        return created_or_replayed(BroadcastOutput(sent).data, created)
 
 
 class TeammateShutdownApi(ApiView):

@@ -15,7 +15,6 @@ from typing import Any
 from uuid import UUID
 
 from django.utils.cache import add_never_cache_headers
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import exceptions, serializers
 from rest_framework.request import Request
@@ -24,7 +23,8 @@ from rest_framework.views import APIView
 
 from accounts.models import User
 from config import openapi
-from config.params import integer_param
+from config.openapi import IDEMPOTENCY_KEY
+from config.params import idempotency_key, integer_param
 from config.parsers import LimitedJSONParser
 from journal.models import JournalEvent
 from sagas import actions, errors
@@ -61,11 +61,12 @@ def visible_saga(user: Any, saga_id: UUID) -> Saga:
     return saga
 
 
-def idempotency_key(request: Request) -> str:
-    key = request.headers.get("Idempotency-Key", "").strip()
-    if len(key) > 200:
-        raise exceptions.ValidationError({"Idempotency-Key": ["At most 200 characters."]})
-    return key
+def created_or_replayed(data: Any, created: bool) -> Response:
+    """A create's answer: 201, or for a replay of its Idempotency-Key the first one's body with 200
+    and `Idempotent-Replayed: true`."""
+    if created:
+        return Response(data, status=201)
+    return Response(data, headers={"Idempotent-Replayed": "true"})
 
 
 def cursor_param(request: Request) -> int:
@@ -74,14 +75,6 @@ def cursor_param(request: Request) -> int:
 
 def limit_param(request: Request, *, limit: int) -> int:
     return min(integer_param(request.query_params, "limit", default=limit, minimum=1), limit)
-
-
-IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key",
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
-    description="Retries with the same key and body return the first result; another body → 409.",
-)
 
 
 class ApiView(APIView):
@@ -118,13 +111,11 @@ class SagaCreateApi(ApiView):
             raise errors.Forbidden("Agents work inside sagas; people create them.")
         data = valid(s.SagaCreateInput, request.data)
         fields = {"title": data["title"], "goal": data["goal"], "policy": data["policy"], "owner": principal(request)}
-        if key := idempotency_key(request):
+        if key := idempotency_key(request.headers):
             saga, created = actions.create_saga_once(**fields, idempotency_key=key)
         else:
             saga, created = actions.create_saga(**fields), True
-        if not created:
-            return Response(s.SagaOutput(saga).data, headers={"Idempotent-Replayed": "true"})
-        return Response(s.SagaOutput(saga).data, status=201)
+        return created_or_replayed(s.SagaOutput(saga).data, created)
 
 
 class SagaCollectionApi(SagaListApi, SagaCreateApi):

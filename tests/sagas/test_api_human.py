@@ -36,7 +36,11 @@ def test_a_form_is_answered_once_and_the_answer_reaches_the_agent(
         format="json",
         headers={"Idempotency-Key": "form-1"},
     )
-    assert (replayed.status_code, replayed.data["human_request_id"]) == (200, hid)
+    assert (replayed.status_code, replayed.data["human_request_id"], replayed.headers["Idempotent-Replayed"]) == (
+        200,
+        hid,
+        "true",
+    )
     problem(
         coder.post(
             f"/api/v1/sagas/{team.saga.pk}/human-requests/",

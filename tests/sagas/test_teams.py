@@ -83,7 +83,7 @@ def test_a_lead_spawns_reads_its_roster_and_inbox_broadcasts_and_shuts_down_over
     other = api.post(url(team, "teammates/"), {**body, "prompt": "x"}, format="json", HTTP_IDEMPOTENCY_KEY="s1")
     api.post(url(team, "teammates/"), {**body, "name": "ben", "role": ""}, format="json")
 
-    assert (first.status_code, replay.status_code) == (201, 200)
+    assert (first.status_code, replay.status_code, replay.headers["Idempotent-Replayed"]) == (201, 200, "true")
     assert first.json()["id"] == replay.json()["id"] == "agent:ann" and first.json()["team_status"] == "working"
     problem(other, 409, "idempotency_conflict")
     roster = api.get(url(team)).json()
@@ -95,7 +95,7 @@ def test_a_lead_spawns_reads_its_roster_and_inbox_broadcasts_and_shuts_down_over
 
     sent = api.post(url(team, "broadcasts/"), {"content": "phase 1"}, format="json", HTTP_IDEMPOTENCY_KEY="b1")
     again = api.post(url(team, "broadcasts/"), {"content": "phase 1"}, format="json", HTTP_IDEMPOTENCY_KEY="b1")
-    assert (sent.status_code, again.status_code) == (201, 200)
+    assert (sent.status_code, again.status_code, again.headers["Idempotent-Replayed"]) == (201, 200, "true")
     assert sent.json()["recipients"] == ["agent:ann", "agent:ben"] and again.json() == sent.json()
     assert SteeringItem.objects.filter(broadcast_id=sent.json()["broadcast_id"]).count() == 2
 
