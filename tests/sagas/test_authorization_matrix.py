@@ -44,14 +44,15 @@ METHODS = ("GET", "POST", "DELETE")
 # 404 (404 whenever the saga, request or form is not theirs to see). /healthz is 503 with no worker.
 # An API view parses its input before the kernel decides (STYLE: parse, fetch, act), so a role that
 # sees the saga but may not act gets the 400 of an empty body too: the refusals of a valid body are
-# tested beside each operation (prompts, exposure, teams).
+# tested beside each operation (exposure, teams). A manager's operation (finishing, steering,
+# prompting) refuses everyone else first (403), whatever the body.
 EXPECTED: dict[tuple[str, str], str] = {
     ("api-artifact", "GET"): "401 404 404 200 200",
     ("api-artifacts", "GET"): "401 404 404 200 200",
     ("api-artifacts", "POST"): "401 404 404 400 400",
     ("api-collaborator-exposure", "POST"): "401 404 404 400 400",
     ("api-prompt", "GET"): "401 404 404 404 404",
-    ("api-prompts", "POST"): "401 404 404 400 400",
+    ("api-prompts", "POST"): "401 404 404 403 403",
     ("api-run-status", "GET"): "401 404 404 404 404",
     ("api-team", "GET"): "401 404 404 404 404",
     ("api-team-broadcast", "POST"): "401 404 404 404 404",
