@@ -26,11 +26,11 @@ from agents.models import AgentProfile
 from agents.orchestrator import starts
 from agents.orchestrator.models import Prompt
 from agents.orchestrator.tasks import advance_after, is_brain_worker, read_ahead
-from agents.providers import Completion, ProviderError, provider_for
+from agents.providers import Completion, ProviderError, is_scripted, provider_for
 from agents.tools import Call, execute, schemas
 from agents.transcripts import Transcript, keep_transcript, take_transcript
 from config import metrics
-from config.sql import columns, prepared
+from config.sql import await_commit, columns, commit_unawaited, prepared
 from journal.actions import record
 from sagas import actions
 from sagas.metrics import count_round_trip
@@ -60,11 +60,14 @@ def claim_turns(run_id: str, *, worker: str = "") -> "Turns | None":
     inside one (an orchestration step's, which has just created the run for this task), in that
     one: one commit for both. None: a redelivered doorbell, or another worker holds the run."""
     ahead = partial(transcripts.read_ahead, run_id)
+    alone = not connection.in_atomic_block
     with actions.claimed_run(_CLAIMED_RUN_SQL, run_id, AgentProfile, worker=worker, ahead=ahead) as claimed:
         if claimed is None:
             return None
         turns = Turns(claimed, worker=worker)
         turns.go_on = turns.start()
+        if alone and turns.go_on and turns.pending is None:
+            commit_unawaited()  # the model call comes next (Turns.execute)
     return turns
 
 
@@ -81,6 +84,10 @@ def run_claimed(turns: "Turns") -> None:
     except LostTurn:
         logger.info("run %s: turn %s is another worker's; stopping", turns.run.pk, turns.turn)
     finally:
+        try:
+            await_commit()  # left unread only when the turn stopped on an error before its next statement
+        except DatabaseError:
+            logger.exception("run %s: the COMMIT before its model call failed", turns.run.pk)
         heartbeat().remove(turns)
         turns.mcp.release(still_active=turns.still_active)
         if connection.errors_occurred:  # the next task starts on a fresh connection
@@ -161,6 +168,8 @@ class Turns:
             # Only a message with tool calls goes on to the next turn's input in this transaction.
             with self.transaction(input_next=completion is not None and bool(completion.tool_calls)):
                 go_on = self.conclude(completion, latency_ms)
+                if go_on and self.outside is None:
+                    commit_unawaited()  # the next model call comes next
 
     def steered(self) -> bool:
         """After the commit of a turn that came to rest (end()): steering that came meanwhile kept
@@ -408,6 +417,8 @@ class Turns:
         """Each candidate in order, outside any transaction; a failed one is journaled at once and
         the next is tried. Returns the completion and its latency in milliseconds."""
         assert self.profile is not None
+        if self.profile.mcp_servers:  # connecting may call out of the process
+            self.committed()
         if report := self.mcp.connect():
             self.journal("mcp_connect", {"servers": report})
         tools = schemas(self.profile.tools, saga_id=self.saga_id) + self.mcp.schemas()
@@ -417,6 +428,8 @@ class Turns:
                     "model_skipped", {"role": self.profile.role, "model": model, "lacks": self.profile.requires}
                 )
                 continue
+            if not is_scripted(model):  # the call leaves the process: what led to it is committed first
+                self.committed()
             started = time.perf_counter()
             try:
                 completion = provider_for(model, self.profile.endpoint).complete(
@@ -431,6 +444,20 @@ class Turns:
                 continue
             return completion, round((time.perf_counter() - started) * 1000, 1)
         return None, 0.0
+
+    def committed(self) -> None:
+        """The answer to the COMMIT this task sent without waiting before its model call (the
+        claim's, or the last turn's: config.sql.commit_unawaited), where what follows must not
+        start before it is in: a call out of the process. The next statement reads it otherwise,
+        so a scripted model's call overlaps its round trip. A turn another worker took over in the
+        meantime stops here, as in a transaction of the turn (LostTurn)."""
+        try:
+            await_commit()
+        except DatabaseError as exc:
+            if not actions.turn_lost(exc):
+                raise
+            metrics.turn_ended("lost")
+            raise LostTurn from exc
 
     def save_transcript(self) -> None:
         """What the turn added to its transcript, and for a teammate the tokens it used, added to

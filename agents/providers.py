@@ -173,5 +173,10 @@ class Measured:
         return completion
 
 
+def is_scripted(model: str) -> bool:
+    """A playbook's model: answered in this process, without a call out of it."""
+    return model.startswith("scripted:")
+
+
 def provider_for(model: str, endpoint: str) -> Provider:
-    return Measured(ScriptedProvider() if model.startswith("scripted:") else openai_provider(endpoint))
+    return Measured(ScriptedProvider() if is_scripted(model) else openai_provider(endpoint))

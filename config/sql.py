@@ -249,6 +249,21 @@ def flush() -> None:
         send()
 
 
+def commit_unawaited() -> None:
+    """End the transaction in progress without waiting for its COMMIT's answer, on PostgreSQL
+    (config/postgresql/base.py): the next statement, or await_commit(), reads it, and only then do
+    the transaction's on-commit hooks run. Elsewhere, and outside a transaction, nothing changes."""
+    if mark := getattr(db(), "commit_unawaited", None):
+        mark()
+
+
+def await_commit() -> None:
+    """Wait for a COMMIT sent without waiting (commit_unawaited()), if one is on its way: before
+    anything outside the process may see what follows it. Its error, if it failed, is raised here."""
+    if wait := getattr(db(), "await_commit", None):
+        wait()
+
+
 def defer(sql: str, params: Sequence[Any], then: Callable[[list[tuple[Any, ...]]], None] | None = None) -> None:
     """Run a statement whose outcome the caller does not wait for (no row count; the rows it
     returns, if `then` wants them, come to `then` later). On PostgreSQL it goes in one message with

@@ -20,6 +20,14 @@ order; only their grouping into messages changes. So:
   fails, if at all, at the next statement or at COMMIT, still inside the transaction, which then
   rolls back whole: use it only where a failure fails the transaction anyway.
 
+A transaction may also end without waiting for its COMMIT's answer (`commit_unawaited()`): the
+message goes, and the answer is read before anything else uses the connection, or where the
+caller says it must be in (`await_commit()`: before a model call leaves the process). Its
+on-commit hooks run then, once the COMMIT is known to have gone through; if it did not, the error
+is raised there, and the hooks never run. A turn does this before its model call: the call's
+Python overlaps the COMMIT's round trip, and nothing outside the process sees the call before the
+COMMIT is in.
+
 The hot paths' statements (`config.sql.Statement`: those of config/sql.py's helpers and the
 `*_SQL` constants marked with `prepared()`) are also prepared, once per connection: the server
 plans a statement each time it is sent as text, which costs it several times what running one
@@ -36,6 +44,7 @@ transaction mode. With server-side binding (OPTIONS `server_side_binding`) every
 its own, as in Django's backend, and none is prepared here.
 """
 
+import logging
 import re
 from collections.abc import Callable
 from functools import lru_cache
@@ -43,12 +52,14 @@ from itertools import count
 from typing import Any
 
 from django.db.backends.postgresql import base as django_base
-from psycopg import IsolationLevel, pq
+from django.db.backends.utils import debug_transaction
+from psycopg import IsolationLevel, adapt, errors, generators, pq
 
 from config.sql import Statement, placeholders
 
 base: Any = django_base  # its stubs describe little of it
 
+logger = logging.getLogger(__name__)
 IDLE = pq.TransactionStatus.IDLE
 PREPARED_MAX = 500  # per connection; past it, statements go as text
 _names = count(1)  # names are never reused: one whose PREPARE may have failed is not taken again
@@ -103,7 +114,9 @@ def settled(conn: Any, *, sent: bool) -> None:
 
 def lead(conn: Any) -> list[str]:
     """The statements to send before the next one on `conn` (and forget): the BEGIN of the
-    transaction Django opened, if it has not begun, and whatever is pending."""
+    transaction Django opened, if it has not begun, and whatever is pending. A COMMIT still on its
+    way is awaited first."""
+    settle(conn)
     begin: str = getattr(conn, "agora_begin", "")
     pending: list[str] = getattr(conn, "agora_pending", [])
     statements = [begin] if begin and conn.info.transaction_status == IDLE else []
@@ -169,10 +182,50 @@ def send(conn: Any, before: list[str], *after: str) -> None:
     deliver(cursor, before)
 
 
+def send_unawaited(conn: Any, before: list[str], hooks: list[Any]) -> None:
+    """Send what was pending with the COMMIT, and go on: settle() reads the answer."""
+    with conn.lock:
+        conn.pgconn.send_query("; ".join([*before, "COMMIT"]).encode(conn.info.encoding))
+        conn.wait(generators.send(conn.pgconn))
+    conn.agora_unawaited = (before, hooks)
+
+
+def settle(conn: Any) -> None:
+    """The answer to a COMMIT sent without waiting, if one is on its way: each deferred read gets
+    its rows, then the transaction's on-commit hooks run (Django's, held back: robust ones log
+    their errors). A failed message raises its error, and its hooks never run."""
+    unawaited = getattr(conn, "agora_unawaited", None)
+    if unawaited is None:
+        return
+    conn.agora_unawaited = None
+    before, hooks = unawaited
+    with conn.lock:
+        results = conn.wait(generators.fetch_many(conn.pgconn))
+    if failed := next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None):
+        settled(conn, sent=False)
+        if conn.info.transaction_status != IDLE:  # the server skipped the rest of the message, COMMIT included
+            base.Cursor(conn).execute("ROLLBACK")
+        raise errors.error_from_result(failed, encoding=conn.info.encoding)
+    settled(conn, sent=True)
+    # The results as a cursor holds them after a message it sent (psycopg's own steps; pinned).
+    cursor = base.Cursor(conn)
+    cursor._tx = adapt.Transformer(cursor)
+    cursor._set_results(results)
+    deliver(cursor, before)
+    for _, hook, robust in hooks:
+        try:
+            hook()
+        except Exception:
+            if not robust:
+                raise
+            logger.exception("on-commit hook %s failed", getattr(hook, "__qualname__", hook))
+
+
 def unsent(conn: Any) -> None:
     """Nothing waits on `conn`: no BEGIN, no deferred statement, no PREPARE."""
     conn.agora_begin, conn.agora_pending = "", []
     conn.agora_preparing = {}  # by query, the name of its prepared statement whose PREPARE waits in `pending`
+    conn.agora_unawaited = None  # a COMMIT sent without waiting: what it carried, and the hooks after it
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -208,8 +261,13 @@ class DatabaseWrapper(base.DatabaseWrapper):
         return conn
 
     def _close(self) -> Any:
-        if self.pool and self.connection is not None:  # handed back: what waits for a statement never goes
-            unsent(self.connection)
+        if self.connection is not None:
+            try:
+                settle(self.connection)  # its hooks run: the COMMIT went before the close
+            except Exception:
+                logger.exception("a COMMIT sent without waiting failed; the connection closes")
+            if self.pool:  # handed back: what waits for a statement never goes
+                unsent(self.connection)
         return super()._close()
 
     @property
@@ -262,17 +320,42 @@ class DatabaseWrapper(base.DatabaseWrapper):
         return pending.index(created) if created in pending else None
 
     def _commit(self) -> Any:
+        unawaited, self.agora_commit_unawaited = self.agora_commit_unawaited, False
         if self.batches:
             # Deferred writes go in one message with the COMMIT; it releases the savepoints.
-            before = [s for s in lead(self.connection) if not s.startswith(("SAVEPOINT", "RELEASE"))]
-            if any(not s.startswith("BEGIN") for s in before):
-                with self.wrap_database_errors:
+            with self.wrap_database_errors:
+                before = [s for s in lead(self.connection) if not s.startswith(("SAVEPOINT", "RELEASE"))]
+                begun = self.connection.info.transaction_status != IDLE
+                if unawaited and (begun or any(not s.startswith("BEGIN") for s in before)):
+                    wrapper: Any = self  # Django's attributes, which its stubs leave untyped
+                    hooks, wrapper.run_on_commit = wrapper.run_on_commit, []  # they run once it is in: settle()
+                    with debug_transaction(self, "COMMIT"):  # in the query log, as Django's own COMMIT
+                        send_unawaited(self.connection, before, hooks)
+                    return None
+                if any(not s.startswith("BEGIN") for s in before):
                     send(self.connection, before, "COMMIT")
             settled(self.connection, sent=False)  # when nothing went: nothing was prepared
         return super()._commit()  # psycopg sends nothing when that COMMIT went, or nothing began
 
+    agora_commit_unawaited = False
+
+    def commit_unawaited(self) -> None:
+        """End the transaction in progress without waiting for its COMMIT's answer (see the module's
+        docstring); outside one, or where nothing is batched, nothing changes."""
+        if self.batches and not self.get_autocommit():
+            self.agora_commit_unawaited = True
+
+    def await_commit(self) -> None:
+        """Wait for the answer to a COMMIT sent without waiting, if one is on its way."""
+        if self.batches and self.connection is not None:
+            with self.wrap_database_errors:
+                settle(self.connection)
+
     def _rollback(self) -> Any:
         if self.batches and self.connection is not None:
+            self.agora_commit_unawaited = False
+            with self.wrap_database_errors:
+                settle(self.connection)  # an earlier transaction's: its hooks are not this one's
             self.connection.agora_pending = []
             settled(self.connection, sent=False)
         return super()._rollback()
