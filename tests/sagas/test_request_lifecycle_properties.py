@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from django.conf import LazySettings
+from django.conf import settings as django_settings
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -52,6 +53,7 @@ class RequestLifecycle(RuleBasedStateMachine):
         super().__init__()
         self.status: dict[str, str] = {}
         self.sent: dict[str, dict[str, Any]] = {}
+        self.hops: dict[str, int] = {}
         self.finished: set[str] = set()
         self.keys = 0
 
@@ -72,12 +74,23 @@ class RequestLifecycle(RuleBasedStateMachine):
         body: dict[str, Any] = {"to": f"agent:{to}", "type": "task.do", "payload": {"n": n},
                 "mode": "wait" if wait and pair in WAITS else "async", "timeout_s": WAIT_S}  # fmt: skip
         key = f"k{self.keys}"
+        # Its hop: one more than the deepest of the open requests its sender was asked.
+        to_me = f"agent:{sender}"
+        asked = [
+            r for r, status in self.status.items() if status not in TERMINAL and self.sent[r]["body"]["to"] == to_me
+        ]
+        hop = 1 + max((self.hops[r] for r in asked), default=0)
+        count = AgentRequest.objects.count()
         try:
             request, created = actions.ask_agent(sender=self.team[sender], idempotency_key=key, **body)
         except errors.RecipientUnavailable:
-            assert to in self.finished
+            assert to in self.finished and AgentRequest.objects.count() == count
             return None
-        assert created and to not in self.finished
+        except errors.HopLimit:
+            assert hop > django_settings.AGORA_MAX_HOPS and AgentRequest.objects.count() == count
+            return None
+        assert created and to not in self.finished and request.hop == hop <= django_settings.AGORA_MAX_HOPS
+        self.hops[request.pk] = hop
         self.status[request.pk] = Status.PENDING
         self.sent[request.pk] = {"sender": sender, "key": key, "body": body}
         return request.pk
@@ -142,8 +155,9 @@ class RequestLifecycle(RuleBasedStateMachine):
     @rule()
     def ttl_passes(self) -> None:
         self.clock.advance(TTL_S + 1)
-        for request_id in list(actions.due_expiry_ids(timezone.now())):
-            actions.expire_request(request_id=request_id)
+        # The reconciler takes at most 500 a pass; the examples of one test share its database.
+        while due := list(actions.due_expiry_ids(timezone.now())):
+            assert all([actions.expire_request(request_id=request_id) for request_id in due])
         for request_id, status in self.status.items():
             if status not in TERMINAL:
                 self.status[request_id] = Status.EXPIRED
