@@ -229,6 +229,8 @@ def unsent(conn: Any) -> None:
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    agora_commit_unawaited = False  # set by commit_unawaited(), taken by the next _commit()
+
     def get_connection_params(self) -> dict[str, Any]:
         options = self.settings_dict["OPTIONS"]
         # Off where a session may not keep its prepared statements (a pooler in transaction mode).
@@ -336,8 +338,6 @@ class DatabaseWrapper(base.DatabaseWrapper):
                     send(self.connection, before, "COMMIT")
             settled(self.connection, sent=False)  # when nothing went: nothing was prepared
         return super()._commit()  # psycopg sends nothing when that COMMIT went, or nothing began
-
-    agora_commit_unawaited = False
 
     def commit_unawaited(self) -> None:
         """End the transaction in progress without waiting for its COMMIT's answer (see the module's

@@ -22,34 +22,40 @@ FINISHED = (Saga.Status.COMPLETED, Saga.Status.CANCELLED)
 
 
 def create_saga_once(
-    *, title: str, goal: str = "", policy: str = Saga.Policy.TREE, owner: User, idempotency_key: str
+    *, title: str, goal: str = "", policy: str = Saga.Policy.TREE, owner: User, idempotency_key: str = ""
 ) -> tuple[Saga, bool]:
-    """create_saga() once per Idempotency-Key of its owner: a retry with the same key and body
-    returns the first saga (and False), with another body it is `idempotency_conflict`. Of two
-    retries at once, the key's unique constraint lets one create the saga; the other returns it."""
-    digest = body_hash(title=title, goal=goal, policy=policy)
+    """create_saga() once per Idempotency-Key of its owner (without one, every call creates): a
+    retry with the same key and body returns the first saga (and False), with another body it is
+    `idempotency_conflict`. Of two retries at once, the key's unique constraint lets one create the
+    saga; the other returns it."""
+    if not idempotency_key:
+        return create_saga(title=title, goal=goal, policy=policy, owner=owner), True
     for _ in range(2):
         first = Saga.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
         if first is not None:
-            if first.body_hash != digest:
+            if first.body_hash != saga_body_hash(title, goal, policy):
                 raise errors.IdempotencyConflict("This Idempotency-Key was used for another saga.")
             return first, False
         try:
             with transaction.atomic():
                 return create_saga(
-                    title=title, goal=goal, policy=policy, owner=owner, keyed=(idempotency_key, digest)
+                    title=title, goal=goal, policy=policy, owner=owner, idempotency_key=idempotency_key
                 ), True
         except IntegrityError:
             continue  # the other one created it meanwhile: found above, this time
     raise errors.IdempotencyConflict("This Idempotency-Key is in use by a saga being created.")
 
 
+def saga_body_hash(title: str, goal: str, policy: str) -> str:
+    return body_hash(title=title, goal=goal, policy=policy)
+
+
 @transaction.atomic
 def create_saga(
-    *, title: str, goal: str = "", policy: str = Saga.Policy.TREE, owner: User, keyed: tuple[str, str] = ("", "")
+    *, title: str, goal: str = "", policy: str = Saga.Policy.TREE, owner: User, idempotency_key: str = ""
 ) -> Saga:
-    """A new saga, its owner its first collaborator. `keyed`: the Idempotency-Key it is created
-    for and the hash of its body (create_saga_once())."""
+    """A new saga, its owner its first collaborator; `idempotency_key`: the one it is created for,
+    stored with the hash of its body (create_saga_once())."""
     if not title.strip():
         raise errors.InvalidPayload("A saga needs a title.", errors={"title": ["This field may not be blank."]})
     if len(title) > TITLE_MAX:
@@ -57,9 +63,9 @@ def create_saga(
     check_goal(goal, field="goal")
     if policy not in Saga.Policy.values:
         raise errors.InvalidPayload(f"Unknown policy {policy!r}.", errors={"policy": [f"One of {Saga.Policy.values}."]})
-    key, digest = keyed
+    digest = saga_body_hash(title, goal, policy) if idempotency_key else ""
     saga = Saga.objects.create(
-        title=title, goal=goal, policy=policy, owner=owner, idempotency_key=key, body_hash=digest
+        title=title, goal=goal, policy=policy, owner=owner, idempotency_key=idempotency_key, body_hash=digest
     )
     for perm in ("sagas.view_saga", "sagas.manage_saga"):
         assign_perm(perm, owner, saga)

@@ -110,11 +110,10 @@ class SagaCreateApi(ApiView):
         if principal(request).is_agent:
             raise errors.Forbidden("Agents work inside sagas; people create them.")
         data = valid(s.SagaCreateInput, request.data)
-        fields = {"title": data["title"], "goal": data["goal"], "policy": data["policy"], "owner": principal(request)}
-        if key := idempotency_key(request.headers):
-            saga, created = actions.create_saga_once(**fields, idempotency_key=key)
-        else:
-            saga, created = actions.create_saga(**fields), True
+        saga, created = actions.create_saga_once(
+            title=data["title"], goal=data["goal"], policy=data["policy"], owner=principal(request),
+            idempotency_key=idempotency_key(request.headers),
+        )  # fmt: skip
         return created_or_replayed(s.SagaOutput(saga).data, created)
 
 
