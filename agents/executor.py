@@ -35,6 +35,7 @@ from journal.actions import record
 from sagas import actions
 from sagas.metrics import count_round_trip
 from sagas.models import AgentRequest, Collaborator, Delegation, Run, SteeringItem, Team
+from sagas.wakeups import rung_here
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,22 @@ class LostTurn(Exception):
 
 def run_turn(run_id: str, *, worker: str = "") -> None:
     """The turns of one run; `worker` is this worker's node name, recorded on the run and in the
-    journal so that operators can tell which host ran what."""
+    journal so that operators can tell which host ran what. Then, within the task's time slice
+    (`AGORA_TURN_SLICE_S`), the runs those turns rang, in order (rung_here()): an agent asked, the
+    asker its reply woke. The process is free now, and its claim comes sooner than the doorbell's
+    trip back through the broker; where another process was free first, it has the run already
+    and this claim finds it taken. A doorbell that comes after finds the same."""
+    ends = time.monotonic() + settings.AGORA_TURN_SLICE_S
+    with rung_here() as rung:
+        run_one(run_id, worker=worker)
+        while rung and time.monotonic() < ends:
+            rang = rung.pop(0)
+            if actions.is_queued(rang):  # not taken already by a worker that was free first
+                run_one(rang, worker=worker)
+
+
+def run_one(run_id: str, *, worker: str = "") -> None:
+    """Claim the run's turns and run them; nothing when another task holds them or they are done."""
     try:
         turns = claim_turns(run_id, worker=worker)
     finally:

@@ -22,9 +22,10 @@ Per worker configuration (one `celery worker -P prefork`, `-c 1` then `-c 2`) an
   `bench.hop1` → `bench.hop2` → Redis list (bench/bare_celery.py), one in flight for latency and
   P in flight for throughput.
 Medians over the rounds are printed. Then, with the workers stopped, the runtime's own overhead
-per turn: `agents.executor.run_turn` timed in this process for each task of an A/B pair (`--asks`
-asks), minus the model calls' latency as their `llm_call` journal events record it, shared among
-the task's turns that called the model. The connection stays open between tasks, as in a worker.
+per turn: the turns of each task of an A/B pair (`--asks` asks) timed in this process, one run's
+at a time (`agents.executor.run_one`: not the runs they rang, which a worker's task may take too),
+minus the model calls' latency as their `llm_call` journal events record it, shared among the
+task's turns that called the model. The connection stays open between tasks, as in a worker.
 
 It needs nothing running: it makes a temporary data dir with its own SQLite database, starts the
 embedded redis-server on a free port and its worker processes, and kills them all at the end.
@@ -348,7 +349,7 @@ def measure_overhead(agora: Agora, asks: int, profile: cProfile.Profile | None) 
                 if profile:
                     profile.enable()
                 started, cpu = time.perf_counter(), time.process_time()
-                executor.run_turn(run_id)
+                executor.run_one(run_id)  # one run's turns (a task may take the runs they rang, too)
                 elapsed = (time.perf_counter() - started) * 1000
                 cpu = (time.process_time() - cpu) * 1000
                 if profile:
@@ -407,7 +408,7 @@ def count_on_the_wire(agora: Agora, asks: int) -> Wire | None:
                 pgconn.trace(trace.fileno())
                 pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
                 try:
-                    executor.run_turn(run_id)
+                    executor.run_one(run_id)
                 finally:
                     pgconn.untrace()
         trace.seek(0)
@@ -445,7 +446,7 @@ def print_wire(wire: Wire | None) -> None:
 
 def print_overhead(overhead: Overhead) -> None:
     print(f"runtime overhead per turn, in process, {len(overhead.overhead_ms)} turns with a model call:")
-    row("whole turn (run_turn time / model calls): median ms", [f"{med(overhead.turn_ms):.2f}"])
+    row("whole turn (run_one time / model calls): median ms", [f"{med(overhead.turn_ms):.2f}"])
     row("model call (llm_call latency_ms): median ms", [f"{med(overhead.model_ms):.2f}"])
     row("overhead (turn minus model call): median ms", [f"{med(overhead.overhead_ms):.2f}"])
     row("overhead: p95 ms", [f"{p95(overhead.overhead_ms):.2f}"])

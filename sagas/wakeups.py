@@ -2,6 +2,9 @@
 HTTP waiters. Losing one delays work and never loses it: the reconciler re-rings from the database."""
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import partial
 
 from celery import current_app
@@ -30,10 +33,29 @@ def ring_run_after_commit(run_id: str) -> None:
 
 
 def ring_run(run_id: str) -> None:
+    rung = _rung.get()
+    if rung is not None and run_id not in rung:
+        rung.append(run_id)
     try:
         current_app.send_task(RUN_TURN_TASK, args=[run_id])
     except (BrokerError, RedisError, OSError) as exc:
         logger.warning("could not queue a turn for %s (the reconciler will): %s", run_id, exc)
+
+
+_rung: ContextVar[list[str] | None] = ContextVar("rung", default=None)
+
+
+@contextmanager
+def rung_here() -> Iterator[list[str]]:
+    """The runs rung (ring_run()) inside the block, in order, each once: a worker that is about to
+    be free may take one itself rather than wait for its doorbell to come back through the broker.
+    The doorbells still go: whichever comes first claims the run, the other finds it taken."""
+    rung: list[str] = []
+    token = _rung.set(rung)
+    try:
+        yield rung
+    finally:
+        _rung.reset(token)
 
 
 def ring_remote_call_after_commit(call_id: str, step: int, *, delay_s: float = 0) -> None:

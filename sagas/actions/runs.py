@@ -197,6 +197,16 @@ _CLAIM_SQL = prepared(
 _CLAIMED_RUN_SQL = claimed_run_sql()
 
 
+def is_queued(run_id: str) -> bool:
+    """Whether the run waits for a worker, read without its saga's lock: a task that rang it and is
+    free now asks before it claims it (agents.executor.run_turn), so as not to queue behind the
+    lock of a worker that has it already. The claim decides; this only spares a useless one."""
+    return fetch_one(_QUEUED_SQL, [run_id, Run.Status.QUEUED.value]) is not None
+
+
+_QUEUED_SQL = prepared(f"SELECT 1 FROM {Run._meta.db_table} WHERE id = %s AND status = %s")
+
+
 def claim_turn(*, run_id: str, worker: str = "") -> Run | None:
     """claimed_run() in a transaction of its own: the claimed run, or None."""
     with claimed_run(_CLAIMED_RUN_SQL, run_id, worker=worker) as claimed:

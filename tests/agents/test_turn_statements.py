@@ -17,7 +17,7 @@ from psycopg import pq
 
 from accounts.models import User
 from agents import executor, scripted, transcripts
-from agents.executor import run_turn
+from agents.executor import run_one, run_turn
 from agents.models import AgentProfile, TranscriptEntry
 from journal.models import JournalEvent
 from sagas import actions
@@ -239,18 +239,18 @@ def test_a_sender_parked_on_a_wait_takes_the_reply_read_with_its_claim(
     AgentProfile.objects.create(name="waiter", role="Waiter", model="scripted:waiter", tools=["ask_agent"])
     echo = add(saga, alice, "echo", runtime="internal", profile="echo")
     waiter = add(saga, alice, "waiter", runtime="internal", profile="waiter")
-    run_turn(echo.run.pk)  # its handoff, then idle
+    run_one(echo.run.pk)  # its handoff, then idle (the turns of one run: no run it rings)
     with round_trips() as parking:
-        run_turn(waiter.run.pk)  # its handoff, then the ask: it parks
+        run_one(waiter.run.pk)  # its handoff, then the ask: it parks
     assert Run.objects.get(pk=waiter.run.pk).status == Run.Status.WAITING
     with round_trips() as replying:
-        run_turn(echo.run.pk)  # the reply: the waiter is queued again
+        run_one(echo.run.pk)  # the reply: the waiter is queued again
     request = AgentRequest.objects.get(sender=waiter)
     assert request.status == AgentRequest.Status.COMPLETED
     assert Run.objects.get(pk=waiter.run.pk).status == Run.Status.QUEUED
 
     with CaptureQueriesContext(connection) as queries, round_trips() as trips:
-        run_turn(waiter.run.pk)
+        run_one(waiter.run.pk)
 
     run = Run.objects.get(pk=waiter.run.pk)
     assert (run.status, run.waiting_on_id, run.wait_tool_call_id) == (Run.Status.IDLE, None, "")
