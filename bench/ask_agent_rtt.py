@@ -25,7 +25,8 @@ Medians over the rounds are printed. Then, with the workers stopped, the runtime
 per turn: the turns of each task of an A/B pair (`--asks` asks) timed in this process, one run's
 at a time (`agents.executor.run_one`: not the runs they rang, which a worker's task may take too),
 minus the model calls' latency as their `llm_call` journal events record it, shared among the
-task's turns that called the model. The connection stays open between tasks, as in a worker.
+task's turns that called the model; one pair per round, and the target reads the median of the
+pairs' medians. The connection stays open between tasks, as in a worker.
 
 It needs nothing running: it makes a temporary data dir with its own SQLite database, starts the
 embedded redis-server on a free port and its worker processes, and kills them all at the end.
@@ -311,6 +312,20 @@ class Overhead:
     asks: int = 0  # round trips the pair made: the totals below divided by it are per round trip
     total_queries: int = 0
     total_commits: int = 0
+    round_medians: list[float] = field(default_factory=list)  # the overhead's median, pair by pair
+
+
+def pooled(pairs: list[Overhead]) -> Overhead:
+    """The turns of several pairs as one; the target reads the median of the pairs' medians, which
+    a slow stretch of the machine during one of them moves least."""
+    total = Overhead(round_medians=[med(pair.overhead_ms) for pair in pairs])
+    for pair in pairs:
+        for name in ("overhead_ms", "turn_ms", "model_ms", "cpu_ms", "queries", "commits"):
+            getattr(total, name).extend(getattr(pair, name))
+        total.asks += pair.asks
+        total.total_queries += pair.total_queries
+        total.total_commits += pair.total_commits
+    return total
 
 
 def measure_overhead(agora: Agora, asks: int, profile: cProfile.Profile | None) -> Overhead:
@@ -445,10 +460,12 @@ def print_wire(wire: Wire | None) -> None:
 
 
 def print_overhead(overhead: Overhead) -> None:
-    print(f"runtime overhead per turn, in process, {len(overhead.overhead_ms)} turns with a model call:")
+    pairs = len(overhead.round_medians)
+    print(f"runtime overhead per turn, in process, {pairs} pairs, {len(overhead.overhead_ms)} turns with a model call:")
     row("whole turn (run_one time / model calls): median ms", [f"{med(overhead.turn_ms):.2f}"])
     row("model call (llm_call latency_ms): median ms", [f"{med(overhead.model_ms):.2f}"])
     row("overhead (turn minus model call): median ms", [f"{med(overhead.overhead_ms):.2f}"])
+    row("  its median, pair by pair", [" / ".join(f"{m:.2f}" for m in overhead.round_medians)])
     row("overhead: p95 ms", [f"{p95(overhead.overhead_ms):.2f}"])
     row("overhead in CPU time (all threads of the process): median ms", [f"{med(overhead.cpu_ms):.2f}"])
     row("SQL statements per turn (run through a cursor): median", [f"{med(overhead.queries):.0f}"])
@@ -499,8 +516,10 @@ def print_table(
     print_overhead(overhead)
     print_wire(wire)
     print()
-    overhead_ms = med(overhead.overhead_ms)
-    checks = [(f"runtime overhead per turn <= 5 ms median (aim 2): {overhead_ms:.2f} ms", overhead_ms <= 5)]
+    overhead_ms = med(overhead.round_medians)
+    checks = [
+        (f"runtime overhead per turn <= 5 ms, median of the pairs' (aim 2): {overhead_ms:.2f} ms", overhead_ms <= 5)
+    ]
     if configs:
         most = max(configs)
         ratios = " / ".join(f"{s[c]['rtt'] / s[c]['bare']:.1f}x (-c {c})" for c in configs)
@@ -586,7 +605,7 @@ def main() -> None:
         # No worker is left: the doorbells the in-process turns ring go nowhere.
         Redis.from_url(os.environ["REDIS_URL"]).flushdb()
         profile = cProfile.Profile() if args.profile else None
-        overhead = measure_overhead(agora, args.asks, profile)
+        overhead = pooled([measure_overhead(agora, args.asks, profile) for _ in range(args.rounds)])
         print_table(args, results, overhead, count_on_the_wire(agora, args.asks))
         print(f"\nload average at the end: {loadavg()}")
         if profile is not None:
