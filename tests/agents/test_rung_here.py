@@ -6,6 +6,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from django.conf import LazySettings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from agents import providers
 from agents.executor import run_turn
@@ -101,3 +103,15 @@ def test_rung_here_collects_each_run_once_in_order_and_only_inside_its_block(red
     ring_run("after")
     assert rung == ["b", "a"]
     assert sorted(queued_turns(redis_url)) == ["a", "after", "b", "b", "c", "outside"]  # every doorbell goes
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's one write lock")
+def test_on_sqlite_a_doorbell_for_a_run_not_queued_takes_no_write_lock(pair: tuple[Collaborator, Collaborator]) -> None:
+    echo, _ = pair  # idle: its doorbell came after another task took its turn
+
+    with CaptureQueriesContext(connection) as queries:
+        run_turn(echo.run.pk)
+
+    # One read, no transaction: neither BEGIN IMMEDIATE nor the claim's UPDATE.
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["SELECT"]
+    assert turns_of(echo) == 1
