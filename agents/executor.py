@@ -55,15 +55,13 @@ def run_turn(run_id: str, *, worker: str = "") -> None:
     with rung_here() as rung:
         run_one(run_id, worker=worker)
         while rung and time.monotonic() < ends:
-            rang = rung.pop(0)
-            if actions.is_queued(rang):  # not taken already by a worker that was free first
-                run_one(rang, worker=worker)
+            run_one(rung.pop(0), worker=worker, look_first=True)  # a free worker may have it already
 
 
-def run_one(run_id: str, *, worker: str = "") -> None:
+def run_one(run_id: str, *, worker: str = "", look_first: bool = False) -> None:
     """Claim the run's turns and run them; nothing when another task holds them or they are done."""
     try:
-        turns = claim_turns(run_id, worker=worker)
+        turns = claim_turns(run_id, worker=worker, look_first=look_first)
     finally:
         if connection.errors_occurred:  # the next task starts on a fresh connection
             connection.close()
@@ -71,13 +69,16 @@ def run_one(run_id: str, *, worker: str = "") -> None:
         run_claimed(turns)
 
 
-def claim_turns(run_id: str, *, worker: str = "") -> "Turns | None":
+def claim_turns(run_id: str, *, worker: str = "", look_first: bool = False) -> "Turns | None":
     """Claim the run's next turn and start it (start()), in a transaction of its own; or, called
     inside one (an orchestration step's, which has just created the run for this task), in that
-    one: one commit for both. None: a redelivered doorbell, or another worker holds the run."""
+    one: one commit for both. None: a redelivered doorbell, or another worker holds the run.
+    `look_first`: see actions.claimed_run()."""
     ahead = partial(transcripts.read_ahead, run_id)
     alone = not connection.in_atomic_block
-    with actions.claimed_run(_CLAIMED_RUN_SQL, run_id, AgentProfile, worker=worker, ahead=ahead) as claimed:
+    with actions.claimed_run(
+        _CLAIMED_RUN_SQL, run_id, AgentProfile, worker=worker, ahead=ahead, look_first=look_first
+    ) as claimed:
         if claimed is None:
             return None
         turns = Turns(claimed, worker=worker)

@@ -155,7 +155,12 @@ class Claimed(NamedTuple):
 
 @contextmanager
 def claimed_run(
-    sql: str, run_id: str, *also: type[models.Model], worker: str = "", ahead: Callable[[], Any] = lambda: None
+    sql: str,
+    run_id: str,
+    *also: type[models.Model],
+    worker: str = "",
+    ahead: Callable[[], Any] = lambda: None,
+    look_first: bool = False,
 ) -> Iterator[Claimed | None]:
     """Claim a queued run's next turn, in a transaction under its saga's lock that lasts as long as
     the caller's block (the actions run in it find the lock held, and the saga's copy current, as
@@ -165,13 +170,19 @@ def claimed_run(
     claimed_run_sql() statement); its unread steering, which the turn's input takes
     (unread_ahead()); what the caller reads ahead of the claim's answer with config.sql's deferred
     reads (`ahead`, called before the run is read). None, and nothing written: a redelivered
-    doorbell, or another worker holds the run (and rang its own doorbell for anything after)."""
+    doorbell, or another worker holds the run (and rang its own doorbell for anything after).
+
+    With `look_first`, and always on SQLite, whether the run is queued is read first, without the
+    saga's lock (and outside any transaction): a task that rang the run and is free now does not
+    queue behind the lock of a worker that has it already, and on SQLite a doorbell that comes after
+    its run was taken does not take the one write lock for nothing. The claim decides; the look only
+    spares a useless one."""
     params = [
         Run.Status.RUNNING.value, db_value(Run, "lease_until", lease_deadline()),
         db_value(Run, "updated_at", timezone.now()), worker, run_id, Run.Status.QUEUED.value,
     ]  # fmt: skip
-    if db().vendor == "sqlite" and not db().in_atomic_block and not is_queued(run_id):
-        yield None  # a doorbell that comes after its run was taken: SQLite's one write lock is not taken for it
+    if (look_first or db().vendor == "sqlite") and not db().in_atomic_block and not is_queued(run_id):
+        yield None
         return
     with transaction.atomic():
         if db().vendor != "sqlite":  # where BEGIN IMMEDIATE has taken the one write lock already
@@ -201,9 +212,6 @@ _CLAIMED_RUN_SQL = claimed_run_sql()
 
 
 def is_queued(run_id: str) -> bool:
-    """Whether the run waits for a worker, read without its saga's lock: a task that rang it and is
-    free now asks before it claims it (agents.executor.run_turn), so as not to queue behind the
-    lock of a worker that has it already. The claim decides; this only spares a useless one."""
     return fetch_one(_QUEUED_SQL, [run_id, Run.Status.QUEUED.value]) is not None
 
 
