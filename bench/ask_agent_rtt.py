@@ -20,7 +20,8 @@ Per worker configuration (one `celery worker -P prefork`, `-c 1` then `-c 2`) an
   the first ask to the last reply taken in;
 - the bare baseline on the same Redis (another database number) with a worker of the same shape:
   `bench.hop1` → `bench.hop2` → Redis list (bench/bare_celery.py), one in flight for latency and
-  P in flight for throughput.
+  P in flight for throughput. With one in flight, Agora's round trips are spread among the bare
+  ones, so that each of both starts from idle workers and both see the machine at the same time.
 Medians over the rounds are printed. Then, with the workers stopped, the runtime's own overhead
 per turn: the turns of each task of an A/B pair (`--asks` asks) timed in this process, one run's
 at a time (`agents.executor.run_one`: not the runs they rang, which a worker's task may take too),
@@ -296,6 +297,17 @@ class Bare:
                 self.send(reply_to, str(sent))
                 sent += 1
         return sustained_rate(started, done_at)
+
+
+def one_at_a_time(agora: Agora, bare: Bare, trials: int, bare_trials: int) -> tuple[list[float], list[float]]:
+    """The round trips with one in flight, Agora's spread among the bare ones, so that both see the
+    machine as it is at the time (a ratio of two medians taken a minute apart moves with the VM)."""
+    rtt_ms, bare_ms = [], []
+    for i in range(bare_trials):
+        bare_ms.append(bare.round_trip())
+        if i * trials // bare_trials != (i + 1) * trials // bare_trials:
+            rtt_ms.append(agora.round_trip())
+    return rtt_ms, bare_ms
 
 
 # --- the runtime's overhead per turn, in process ----------------------------------------------------
@@ -592,8 +604,7 @@ def main() -> None:
                 rounds = results.setdefault(concurrency, [])
                 for i in range(args.rounds):
                     r = Round()
-                    r.rtt_ms = [agora.round_trip() for _ in range(args.trials)]
-                    r.bare_ms = [bare.round_trip() for _ in range(max(args.trials, 100))]
+                    r.rtt_ms, r.bare_ms = one_at_a_time(agora, bare, args.trials, max(args.trials, 100))
                     r.rate, r.loaded_rtt_ms, r.turns_per_rtt = agora.throughput(args.pairs, args.asks)
                     r.bare_rate = bare.throughput(args.pairs, max(1000, args.pairs * args.asks))
                     rounds.append(r)
