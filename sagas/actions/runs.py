@@ -177,13 +177,14 @@ def claimed_run(
     queue behind the lock of a worker that has it already, and on SQLite a doorbell that comes after
     its run was taken does not take the one write lock for nothing. The claim decides; the look only
     spares a useless one."""
+    look = (look_first or db().vendor == "sqlite") and not db().in_atomic_block
+    if look and fetch_one(_QUEUED_SQL, [run_id, Run.Status.QUEUED.value]) is None:
+        yield None
+        return
     params = [
         Run.Status.RUNNING.value, db_value(Run, "lease_until", lease_deadline()),
         db_value(Run, "updated_at", timezone.now()), worker, run_id, Run.Status.QUEUED.value,
     ]  # fmt: skip
-    if (look_first or db().vendor == "sqlite") and not db().in_atomic_block and not is_queued(run_id):
-        yield None
-        return
     with transaction.atomic():
         if db().vendor != "sqlite":  # where BEGIN IMMEDIATE has taken the one write lock already
             defer(_LOCK_RUNS_SAGA_SQL, [run_id])
@@ -209,10 +210,6 @@ _CLAIM_SQL = prepared(
     "WHERE id = %s AND status = %s RETURNING id"
 )
 _CLAIMED_RUN_SQL = claimed_run_sql()
-
-
-def is_queued(run_id: str) -> bool:
-    return fetch_one(_QUEUED_SQL, [run_id, Run.Status.QUEUED.value]) is not None
 
 
 _QUEUED_SQL = prepared(f"SELECT 1 FROM {Run._meta.db_table} WHERE id = %s AND status = %s")

@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 
 from accounts.models import User
+from agents import providers
 from agents.actions import load_profiles
 from sagas import actions
 from sagas.models import Collaborator, Saga
@@ -19,6 +20,16 @@ def fake_llm() -> Iterator[FakeLLM]:
     server = FakeLLM()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def model_here(fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLLM]:
+    """The fake provider, called from this process (no worker runs here): a client for its address."""
+    monkeypatch.setenv("OPENAI_BASE_URL", fake_llm.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    providers.openai_provider.cache_clear()
+    yield fake_llm
+    providers.openai_provider.cache_clear()
 
 
 @pytest.fixture

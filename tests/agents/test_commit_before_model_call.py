@@ -69,18 +69,13 @@ def test_a_scripted_model_call_runs_while_the_commit_before_it_is_on_its_way(
 
 
 def test_a_call_out_of_the_process_starts_only_once_the_commit_before_it_is_in(
-    saga: Saga, alice: User, fake_llm: FakeLLM, observed: list[tuple[str, bool]], monkeypatch: pytest.MonkeyPatch
+    saga: Saga, alice: User, model_here: FakeLLM, observed: list[tuple[str, bool]]
 ) -> None:
-    monkeypatch.setenv("OPENAI_BASE_URL", fake_llm.url)
-    providers.openai_provider.cache_clear()  # a client for this fake's address
-    fake_llm.script("echo-m", say("Done."))
+    model_here.script("echo-m", say("Done."))
     AgentProfile.objects.create(name="echo", role="Echo", model="echo-m", tools=[])
     echo, _ = actions.add_agent(saga=saga, name="echo", role="Echo", task="Answer", runtime="internal",
                                 profile="echo", by=alice)  # fmt: skip
-    try:
-        run_turn(echo.run.pk)
-    finally:
-        providers.openai_provider.cache_clear()
+    run_turn(echo.run.pk)
 
     assert observed == [("echo-m", False)]  # the claim's COMMIT was in before the request left
     assert JournalEvent.objects.filter(saga=saga, type="llm_call").count() == 1

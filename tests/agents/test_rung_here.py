@@ -2,14 +2,13 @@
 doorbell's trip through the broker (executor.run_turn, sagas.wakeups.rung_here). The doorbells
 still go: one delivered after finds its run taken, and nothing runs twice."""
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from django.conf import LazySettings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agents import providers
 from agents.executor import run_turn
 from journal.models import JournalEvent
 from sagas.models import Collaborator, Run, Saga
@@ -20,16 +19,6 @@ from tests.sagas.kernel import forget_queued_turns, queued_turns
 pytestmark = pytest.mark.django_db(transaction=True)
 
 AddAgent = Callable[..., Collaborator]
-
-
-@pytest.fixture
-def model_here(fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLLM]:
-    """The fake provider, called from this process (no worker runs here)."""
-    monkeypatch.setenv("OPENAI_BASE_URL", fake_llm.url)
-    monkeypatch.setenv("OPENAI_API_KEY", "test")
-    providers.openai_provider.cache_clear()
-    yield fake_llm
-    providers.openai_provider.cache_clear()
 
 
 @pytest.fixture
