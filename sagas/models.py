@@ -408,11 +408,19 @@ class SteeringItem(models.Model):
     consumed_turn = models.PositiveIntegerField(null=True, blank=True)
     consumed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # A manager's message only (`steer`): its sender's Idempotency-Key, and what it was first used for.
+    idempotency_key = models.CharField(max_length=200, blank=True, default="", db_default="")
+    body_hash = models.CharField(max_length=64, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["recipient", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["recipient", "seq"], name="steering_recipient_seq_unique"),
+            models.UniqueConstraint(
+                fields=["recipient", "sender", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="steering_idempotency_unique",
+            ),
             models.UniqueConstraint(
                 fields=["recipient", "request", "kind"],
                 condition=Q(request__isnull=False),

@@ -1,8 +1,6 @@
 """The orchestrator's writes: submitting a prompt and loading brains. Step transitions live in
 `steps`, each a compare-and-set in a saga transaction."""
 
-import hashlib
-import json
 import logging
 import re
 from functools import partial
@@ -42,10 +40,6 @@ def ring_prompt_after_commit(prompt_id: str) -> None:
     transaction.on_commit(partial(ring_prompt, prompt_id))
 
 
-def body_hash(**fields: Any) -> str:
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-
-
 def default_brain() -> Brain | None:
     return Brain.objects.filter(name="default").first() or Brain.objects.first()
 
@@ -74,7 +68,7 @@ def submit_prompt(
     team, images = list(team or []), list(images or [])
     chosen = Brain.objects.filter(name=brain).first() if brain else default_brain()
     # Hashed by the brain it names, so that a retry naming the default brain replays one that left it out.
-    digest = body_hash(text=text, team=team, brain=chosen.name if chosen else brain, images=images)
+    digest = actions.body_hash(text=text, team=team, brain=chosen.name if chosen else brain, images=images)
     if idempotency_key:
         first = Prompt.objects.filter(saga=saga, submitted_by=by, idempotency_key=idempotency_key).first()
         if first is not None:

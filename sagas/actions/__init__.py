@@ -8,6 +8,7 @@ from sagas.actions.followups import follow_up_request
 from sagas.actions.human_forms import answer_human_request, ask_human, visible_human_request
 from sagas.actions.lifecycle import create_saga, create_saga_once, finish_saga
 from sagas.actions.locking import saga_transaction
+from sagas.actions.payloads import body_hash
 from sagas.actions.remote import (
     allow_remote_agent,
     call_remote_agent,
@@ -86,6 +87,7 @@ __all__ = [
     "answer_human_request",
     "ask_agent",
     "ask_human",
+    "body_hash",
     "broadcast",
     "call_remote_agent",
     "cancel_request",

@@ -11,8 +11,8 @@ from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id
 from sagas.actions.human_forms import cancel_forms
 from sagas.actions.locking import lock_saga
-from sagas.actions.payloads import check_goal
-from sagas.actions.requests import Status, body_hash, close_request, settle
+from sagas.actions.payloads import body_hash, check_goal
+from sagas.actions.requests import Status, close_request, settle
 from sagas.actions.runs import finish_run
 from sagas.actions.teams import shutdown_team
 from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga, Team

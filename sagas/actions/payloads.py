@@ -1,5 +1,6 @@
 """What every payload a kernel action stores is checked against."""
 
+import hashlib
 import json
 from typing import Any
 
@@ -10,6 +11,11 @@ from sagas import errors
 
 def payload_size(payload: Any) -> int:
     return len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def body_hash(**body: Any) -> str:
+    """What an Idempotency-Key was first used for: a retry with another body is a conflict."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def check_payload(payload: Any, *, field: str = "payload") -> None:

@@ -1,7 +1,5 @@
 """ask_agent and its outcomes: durable requests from sender to recipient, and their terminal states."""
 
-import hashlib
-import json
 import math
 import re
 from collections.abc import Iterable
@@ -19,7 +17,7 @@ from journal.actions import record
 from sagas import errors
 from sagas.access import ADDRESS_PERM, SagaTree, address_grant_sql, may_address, may_manage
 from sagas.actions.locking import check_open, held_saga, lock_saga
-from sagas.actions.payloads import check_payload
+from sagas.actions.payloads import body_hash, check_payload
 from sagas.actions.steering import push_steering, resume_waiter, waits_over_http
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
 from sagas.wakeups import publish_after_commit, request_channel
@@ -28,10 +26,6 @@ TYPE_PATTERN = r"[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*"
 TYPE_RE = re.compile(TYPE_PATTERN)  # fullmatch: `$` admits a final newline
 TYPE_MAX = 100
 Status = AgentRequest.Status
-
-
-def body_hash(**body: Any) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
 @transaction.atomic

@@ -28,7 +28,7 @@ from sagas import errors
 from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id
 from sagas.actions.locking import lock_open_saga, lock_saga, rings_early
-from sagas.actions.payloads import check_payload
+from sagas.actions.payloads import body_hash, check_payload
 from sagas.metrics import count_round_trips
 from sagas.models import AgentRequest, Broadcast, Collaborator, HumanRequest, Run, Saga, SteeringItem
 from sagas.wakeups import publish_after_commit, ring_run, steering_channel
@@ -274,8 +274,13 @@ _UNREAD_OF_RUN_SQL = prepared(
 
 
 @transaction.atomic
-def steer(*, saga: Saga, to: Collaborator, message: Any, by: User) -> SteeringItem:
-    """A manager's message to an agent, delivered at its next turn boundary."""
+def steer(
+    *, saga: Saga, to: Collaborator, message: Any, by: User, idempotency_key: str = ""
+) -> tuple[SteeringItem, bool]:
+    """A manager's message to an agent, delivered at its next turn boundary. Returns the item and
+    whether it is new: a retry with the same Idempotency-Key and message returns the first item
+    (under the saga's lock, so two retries at once find each other), with another message it is
+    `idempotency_conflict`."""
     saga = lock_open_saga(saga.pk)
     if not may_manage(by, saga):
         raise errors.Forbidden("Only managers of the saga steer its agents.")
@@ -284,8 +289,16 @@ def steer(*, saga: Saga, to: Collaborator, message: Any, by: User) -> SteeringIt
     if not to.is_agent:
         raise errors.InvalidPayload("Steer agents; ask people through forms.", errors={"to": ["Not an agent."]})
     check_payload(message, field="message")
+    sender, digest = actor_id(saga, by), body_hash(message=message)
+    if idempotency_key:
+        first = SteeringItem.objects.filter(recipient=to, sender=sender, idempotency_key=idempotency_key).first()
+        if first is not None:
+            if first.body_hash != digest:
+                raise errors.IdempotencyConflict("This Idempotency-Key was already used for another message.")
+            return first, False
     check_backlog(to)
-    sender = actor_id(saga, by)
     item = push_steering(recipient=to, kind=SteeringItem.Kind.MESSAGE, sender=sender, payload=message)
+    if idempotency_key:
+        SteeringItem.objects.filter(pk=item.pk).update(idempotency_key=idempotency_key, body_hash=digest)
     record(saga_id=saga.pk, type="steering.message", actor=sender, data={"to": to.handle, "seq": item.seq})
-    return item
+    return item, True

@@ -19,8 +19,8 @@ from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id, add_agent, find_collaborator
 from sagas.actions.human_forms import cancel_forms
 from sagas.actions.locking import lock_open_saga, lock_saga
-from sagas.actions.payloads import check_payload
-from sagas.actions.requests import Status, body_hash, close_request, settle
+from sagas.actions.payloads import body_hash, check_payload
+from sagas.actions.requests import Status, close_request, settle
 from sagas.actions.runs import finish_run
 from sagas.actions.steering import check_backlog, push_steering
 from sagas.models import AgentRequest, Broadcast, Collaborator, HumanRequest, Run, Saga, SteeringItem, Team

@@ -215,11 +215,19 @@ class CollaboratorSteerApi(ApiView):
 
     @extend_schema(
         operation_id="collaborators_steer",
+        parameters=[IDEMPOTENCY_KEY],
         request=s.SteerInput,
-        responses={201: s.SteerOutput, **problems(400, 401, 403, 404, 409, 413, 429)},
+        responses={
+            201: s.SteerOutput,
+            200: OpenApiResponse(s.SteerOutput, description="A replay of an Idempotency-Key."),
+            **problems(400, 401, 403, 404, 409, 413, 429),
+        },
     )
     def post(self, request: Request, saga_id: UUID, cid: str) -> Response:
-        """A manager's message to an agent (`cid` such as agent:coder-01), read at its next turn boundary."""
+        """A manager's message to an agent (`cid` such as agent:coder-01), read at its next turn boundary.
+
+        A retry with the same Idempotency-Key and message is not delivered again: it answers the
+        first one's body with 200 and `Idempotent-Replayed: true`."""
         saga = visible_saga(principal(request), saga_id)
         if not may_manage(principal(request), saga):  # before the lookup: who exists is not for everyone
             raise errors.Forbidden("Only managers of the saga steer its agents.")
@@ -227,8 +235,10 @@ class CollaboratorSteerApi(ApiView):
         if to is None:
             raise errors.NotFound(f"No collaborator {cid} in this saga.")
         message = valid(s.SteerInput, request.data)["message"]
-        item = actions.steer(saga=saga, to=to, message=message, by=principal(request))
-        return Response(s.SteerOutput({"to": to.handle, "seq": item.seq}).data, status=201)
+        item, created = actions.steer(
+            saga=saga, to=to, message=message, by=principal(request), idempotency_key=idempotency_key(request.headers)
+        )
+        return created_or_replayed(s.SteerOutput({"to": to.handle, "seq": item.seq}).data, created)
 
 
 class CollaboratorExposureApi(ApiView):

@@ -9,6 +9,7 @@ import pytest
 from django.conf import LazySettings
 from django.core.cache import cache
 from django.core.management import call_command
+from rest_framework.response import Response
 from rest_framework.test import APIClient
 
 from accounts.actions import create_agent_user
@@ -251,6 +252,26 @@ def test_managers_steer_agents(team: Team, alice: User, bob: User) -> None:
         "invalid_payload",
     )
     assert SteeringItem.objects.filter(kind="message").count() == 1
+
+
+def test_a_retried_steer_is_delivered_once(team: Team, alice: User) -> None:
+    path = f"/api/v1/sagas/{team.saga.pk}/collaborators/agent:coder/steer/"
+    alice_api = client_for(alice)
+
+    def send(message: str, key: str) -> Response:
+        return alice_api.post(path, {"message": message}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+
+    first = send("Ship it.", "steer-1")
+    again = send("Ship it.", "steer-1")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.data == first.data and again["Idempotent-Replayed"] == "true"
+    problem(send("Do not ship.", "steer-1"), 409, "idempotency_conflict")
+    assert send("Ship it.", "steer-2").status_code == 201  # another key: another message
+    assert client_for(alice).post(path, {"message": "Ship it."}, format="json").status_code == 201  # no key: each time
+    items = list(SteeringItem.objects.filter(kind="message").order_by("seq"))
+    assert [(i.payload, i.idempotency_key) for i in items] == [("Ship it.", "steer-1"), ("Ship it.", "steer-2"),
+                                                               ("Ship it.", "")]  # fmt: skip
+    assert JournalEvent.objects.filter(saga=team.saga, type="steering.message").count() == 3
 
 
 def test_the_steering_cursor_acknowledges_and_pages(team: Team, alice: User) -> None:

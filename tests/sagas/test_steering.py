@@ -295,9 +295,9 @@ def test_a_turn_that_carries_on_with_something_unread_keeps_its_worker_for_the_n
 def test_a_manager_steers_an_agent(team: Team, alice: User) -> None:
     mark = last_seq(team.saga)
 
-    item = steer(saga=team.saga, to=team["coder"], message={"note": "prefer additive changes"}, by=alice)
+    item, created = steer(saga=team.saga, to=team["coder"], message={"note": "prefer additive changes"}, by=alice)
 
-    assert (item.kind, item.sender, item.payload, item.request_id) == (
+    assert created and (item.kind, item.sender, item.payload, item.request_id) == (
         "message", "human:alice", {"note": "prefer additive changes"}, None,
     )  # fmt: skip
     assert journal(team.saga, after=mark) == [("steering.message", "human:alice")]
