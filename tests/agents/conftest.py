@@ -1,4 +1,4 @@
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +10,7 @@ from agents.actions import load_profiles
 from sagas import actions
 from sagas.models import Collaborator, Saga
 from tests.agents.fake_llm import FakeLLM
+from tests.sagas.kernel import AddAgent
 from tests.support import CeleryWorker
 
 LEASE_S = "4"
@@ -60,7 +61,7 @@ def saga(transactional_db: None, alice: User) -> Saga:
 
 
 @pytest.fixture
-def add_internal(saga: Saga, alice: User) -> Callable[..., Collaborator]:
+def add_internal(saga: Saga, alice: User) -> AddAgent:
     """Add an internal agent on a fresh profile; its first turn is queued when the add commits."""
 
     def add(name: str, *, model: str, fallback: list[str] | None = None, **profile: Any) -> Collaborator:

@@ -2,18 +2,17 @@
 however long its model call, stays with it. Real workers, a real beat, the fake model server."""
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sagas.models import Collaborator, Run, Saga
+from sagas.models import Run, Saga
 from sagas.tasks import reconcile
 from tests.agents.fake_llm import GATE, HANG, FakeLLM, say, tool_call
-from tests.sagas.kernel import events_of, finished
+from tests.sagas.kernel import AddAgent, events_of, finished
 from tests.support import CeleryBeat, CeleryWorker, wait_until
 
-AddAgent = Callable[..., Collaborator]
 TAKEOVER_LIMIT_S = 10.0  # the README's guarantee with the default lease and reconcile interval
 
 

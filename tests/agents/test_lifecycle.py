@@ -1,7 +1,6 @@
 """Runs over their lifetime: delegation, wait timeouts, leases, budgets, and the demo saga."""
 
 import json
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -18,10 +17,8 @@ from sagas import actions
 from sagas.models import Collaborator, Delegation, HumanRequest, Run, Saga
 from sagas.tasks import reconcile
 from tests.agents.fake_llm import GATE, FakeLLM, finish_once_answered, say, tool_call
-from tests.sagas.kernel import finished
+from tests.sagas.kernel import AddAgent, finished
 from tests.support import CeleryWorker, wait_until
-
-AddAgent = Callable[..., Collaborator]
 
 
 def test_delegate_creates_a_child_with_its_delegation_and_a_run_started_from_the_handoff(

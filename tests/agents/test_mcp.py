@@ -16,8 +16,8 @@ from agents.mcp.actions import load_mcp_servers
 from sagas.models import Collaborator, Run, Saga
 from sagas.tasks import reconcile
 from tests.agents.fake_llm import FakeLLM, say, tool_call
-from tests.agents.test_runtime import AddAgent, tool_result
-from tests.sagas.kernel import events_of, finished
+from tests.agents.test_runtime import tool_result
+from tests.sagas.kernel import AddAgent, events_of, finished
 from tests.support import BASE_DIR, CeleryWorker, free_port, stop_process, wait_until
 
 SERVER = str(Path(__file__).with_name("mcp_tools_server.py"))

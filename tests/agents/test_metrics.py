@@ -2,7 +2,7 @@
 scrape through the host's multiprocess directory, and the worker's own exporter serves the same."""
 
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,13 +10,11 @@ from django.conf import LazySettings
 from django.test import Client
 
 from config.metrics import ROUND_TRIP_BUCKETS
-from sagas.models import Collaborator, Run, SteeringItem
+from sagas.models import Run, SteeringItem
 from tests.agents.fake_llm import SERVER_ERROR, FakeLLM, finish_once_answered, say, tool_call
-from tests.sagas.kernel import finished
+from tests.sagas.kernel import AddAgent, finished
 from tests.scrape import TOKEN, Samples, buckets, parse, scrape, value
 from tests.support import CeleryWorker, free_port, wait_until
-
-AddAgent = Callable[..., Collaborator]
 
 
 @pytest.fixture

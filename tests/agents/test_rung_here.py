@@ -2,8 +2,6 @@
 doorbell's trip through the broker (executor.run_turn, sagas.wakeups.rung_here). The doorbells
 still go: one delivered after finds its run taken, and nothing runs twice."""
 
-from collections.abc import Callable
-
 import pytest
 from django.conf import LazySettings
 from django.db import connection
@@ -14,11 +12,9 @@ from journal.models import JournalEvent
 from sagas.models import Collaborator, Run, Saga
 from sagas.wakeups import ring_run, rung_here
 from tests.agents.fake_llm import FakeLLM, say, tool_call
-from tests.sagas.kernel import forget_queued_turns, queued_turns
+from tests.sagas.kernel import AddAgent, forget_queued_turns, queued_turns
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-AddAgent = Callable[..., Collaborator]
 
 
 @pytest.fixture

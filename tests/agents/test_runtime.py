@@ -1,7 +1,6 @@
 """The runtime over the fake model server, with a real Celery worker and Redis."""
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,10 +19,8 @@ from tests.agents.fake_llm import (
     say,
     tool_call,
 )
-from tests.sagas.kernel import events_of, finished
+from tests.sagas.kernel import AddAgent, events_of, finished
 from tests.support import CeleryWorker, wait_until
-
-AddAgent = Callable[..., Collaborator]
 
 
 def run_of(collaborator: Collaborator) -> Run:

@@ -24,6 +24,7 @@ from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
 from sagas.wakeups import RUN_TURN_TASK
 
 T = TypeVar("T")
+AddAgent = Callable[..., Collaborator]  # tests/agents/conftest.py's add_internal
 
 # The saga tree most tests use (name, delegator; None hangs the agent under the saga's owner):
 #
