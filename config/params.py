@@ -46,6 +46,19 @@ def seconds_param(query: Mapping[str, str], name: str, *, default: float = 0.0) 
     return float(raw)
 
 
+FORM_KEY = "idempotency_key"  # the hidden field of a page's form that starts work (the `form_key` tag)
+_FORM_KEY = re.compile(r"[0-9a-f]{32}")
+# What a page says when one rendered form comes back with other text (its key's conflict).
+FORM_SENT = "This form was sent already, with other text. Reload the page to send another."
+
+
+def form_key(post: Mapping[str, str]) -> str:
+    """The one-time key a page rendered into its form, as that form's Idempotency-Key: a form sent
+    twice (a double click, a resubmit) does its work once. "" when absent or not one of ours."""
+    key = post.get(FORM_KEY, "")
+    return key if _FORM_KEY.fullmatch(key) else ""
+
+
 def idempotency_key(headers: Mapping[str, str]) -> str:
     """A create's `Idempotency-Key` header, stripped ("" when absent); at most 200 characters."""
     key = headers.get("Idempotency-Key", "").strip()

@@ -21,7 +21,7 @@ from django.utils.module_loading import import_string
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import User
-from config.params import InvalidParameter, integer_param
+from config.params import FORM_SENT, InvalidParameter, form_key, integer_param
 from sagas import actions, dashboard, errors
 from sagas.access import JournalLens, collaborator_for, may_manage
 from sagas.models import Artifact, Collaborator, Saga
@@ -293,9 +293,13 @@ def steer_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     if not problems and target is not None:
         assert isinstance(request.user, User)
         try:
-            actions.steer(saga=saga, to=target, message=values["message"], by=request.user)
+            actions.steer(
+                saga=saga, to=target, message=values["message"], by=request.user, idempotency_key=form_key(request.POST)
+            )  # the form sent twice: one message
         except errors.Forbidden as exc:
             raise PermissionDenied(exc.detail) from exc
+        except errors.IdempotencyConflict:
+            problems = {"message": [FORM_SENT]}
         except errors.KernelError as exc:
             problems = form_errors(exc, default="message")
         else:

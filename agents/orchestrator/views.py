@@ -18,6 +18,7 @@ from agents.hooks.lifecycle import FEEDBACK_HEADING
 from agents.hooks.models import HookResult
 from agents.orchestrator import actions
 from agents.orchestrator.models import LEAD_PREFIX, Brain, Prompt
+from config.params import FORM_SENT, form_key
 from sagas import errors
 from sagas.access import may_manage
 from sagas.models import Collaborator, Run, Saga
@@ -115,17 +116,20 @@ def plan_view(prompt: Prompt, runs: dict[str, Run], hooks: list[dict[str, Any]] 
 @login_required
 @require_POST
 def submit_prompt(request: HttpRequest, saga_id: UUID) -> HttpResponse:
-    """The prompt box: a manager submits, the page shows the new plan view."""
+    """The prompt box: a manager submits, the page shows the new plan view. The box sent twice (its
+    one-time key) starts one orchestration."""
     saga = get_object_or_404(Saga.objects.visible_to(request.user), pk=saga_id)
     assert isinstance(request.user, User)
     team = [r.strip() for r in request.POST.get("team", "").replace(",", " ").split() if r.strip()]
     try:
         actions.submit_prompt(
             saga=saga, by=request.user, text=request.POST.get("prompt", ""), team=team,
-            brain=request.POST.get("brain", ""),
+            brain=request.POST.get("brain", ""), idempotency_key=form_key(request.POST),
         )  # fmt: skip
     except errors.Forbidden:
         return HttpResponse("Only managers of the saga submit prompts.", status=403)
+    except errors.IdempotencyConflict:
+        messages.error(request, FORM_SENT)
     except errors.KernelError as exc:
         messages.error(request, f"Prompt not submitted: {exc.detail}")
     else:

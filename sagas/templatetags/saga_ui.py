@@ -2,12 +2,14 @@
 
 from datetime import datetime
 from typing import Any
+from uuid import uuid4
 
 from django import template
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from config.params import FORM_KEY
 from journal.models import JournalEvent
 from sagas import dashboard
 from sagas.models import Collaborator
@@ -20,6 +22,12 @@ def badge(status: str, label: str = "") -> SafeString:
     """A status pill; its colour comes from the status name (see agora.css, `.badge-<status>`)."""
     text = label or str(status).replace("_", " ")
     return format_html('<span class="badge badge-{}"><i></i>{}</span>', str(status), text)
+
+
+@register.simple_tag
+def form_key() -> SafeString:
+    """A form's hidden one-time key (config.params.form_key): a new one each time the page renders."""
+    return format_html('<input type="hidden" name="{}" value="{}">', FORM_KEY, uuid4().hex)
 
 
 @register.filter

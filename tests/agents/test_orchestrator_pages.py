@@ -2,6 +2,7 @@
 live part the page's script re-fetches."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from accounts.models import User
 from agents.actions import load_profiles
 from agents.orchestrator.actions import load_brains
 from agents.orchestrator.models import Prompt
+from config.params import FORM_SENT
 from sagas import actions
 from sagas.models import Saga
 from tests.support import CeleryWorker, wait_until
@@ -121,3 +123,29 @@ def test_a_rejected_prompt_says_why(default_brain: None, saga: Saga, alice: User
     response = client.post(f"/sagas/{saga.pk}/prompts/", {"prompt": "   "}, follow=True)
     assert "Prompt not submitted" in response.content.decode()
     assert not Prompt.objects.exists()
+
+
+def test_the_prompt_box_sent_twice_starts_one_orchestration(default_brain: None, saga: Saga, alice: User) -> None:
+    client = page_client(alice)
+    keys = form_keys(client, saga)
+    assert len(keys) == 1  # the prompt box's (the steer form comes with an agent)
+    form = {"prompt": "Migrate the orders API to a cursor.", "idempotency_key": keys[0]}
+    for _ in range(2):  # a double click
+        assert client.post(f"/sagas/{saga.pk}/prompts/", form).status_code == 302
+    assert Prompt.objects.filter(saga=saga).count() == 1
+    # The same rendered form back with other text (the browser's back button) is refused, and says so.
+    response = client.post(f"/sagas/{saga.pk}/prompts/", {**form, "prompt": "Something else."}, follow=True)
+    assert FORM_SENT in response.content.decode() and Prompt.objects.filter(saga=saga).count() == 1
+    # A freshly rendered form is a new prompt; so is a form without a key (or one not rendered here).
+    fresh = form_keys(client, saga)
+    assert fresh[0] not in keys
+    client.post(f"/sagas/{saga.pk}/prompts/", {**form, "idempotency_key": fresh[0]})
+    client.post(f"/sagas/{saga.pk}/prompts/", {**form, "idempotency_key": "not-ours"})
+    assert Prompt.objects.filter(saga=saga).count() == 3
+
+
+def form_keys(client: Client, saga: Saga) -> list[str]:
+    """The one-time keys of the forms on the saga's page, freshly rendered."""
+    return re.findall(
+        r'name="idempotency_key" value="([0-9a-f]{32})"', client.get(f"/sagas/{saga.pk}/").content.decode()
+    )

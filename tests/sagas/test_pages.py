@@ -14,6 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from accounts.models import User
+from config.params import FORM_SENT
 from journal.actions import record
 from sagas import actions
 from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga, SteeringItem
@@ -342,6 +343,19 @@ def test_steering_posts_a_message_to_the_agent(cast: Cast, alice: User, bob: Use
     assert to_person.status_code == 400 and "Choose an agent of this saga." in to_person.content.decode()
 
     assert client_for(bob).post(url, {"to": "agent:coder", "message": "Ignore alice."}).status_code == 403
+    assert SteeringItem.objects.filter(recipient=cast.coder, kind=SteeringItem.Kind.MESSAGE).count() == 1
+
+
+def test_the_steer_form_sent_twice_queues_one_message(cast: Cast, alice: User) -> None:
+    url, client = reverse("sagas:steer", args=[cast.saga.pk]), client_for(alice)
+    page = client.get(reverse("sagas:detail", args=[cast.saga.pk])).content.decode()
+    form = re.search(r'id="steer-form".*?name="idempotency_key" value="([0-9a-f]{32})"', page, re.S)
+    assert form is not None
+    sent = {"to": "agent:coder", "message": "Start with /invoices.", "idempotency_key": form[1]}
+    assert [client.post(url, sent).status_code for _ in range(2)] == [302, 302]
+    assert SteeringItem.objects.filter(recipient=cast.coder, kind=SteeringItem.Kind.MESSAGE).count() == 1
+    again = client.post(url, {**sent, "message": "Start with /orders."})
+    assert again.status_code == 400 and FORM_SENT in again.content.decode()
     assert SteeringItem.objects.filter(recipient=cast.coder, kind=SteeringItem.Kind.MESSAGE).count() == 1
 
 
