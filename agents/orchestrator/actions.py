@@ -7,7 +7,7 @@ from functools import partial
 from typing import Any
 
 from celery import current_app
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 ADVANCE_TASK = "agents.orchestrator.advance_prompt"
 MAX_PROMPT_CHARS = 20_000
-ROLE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+ROLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")  # fullmatch
 
 
 def ring_prompt(prompt_id: str) -> None:
@@ -69,12 +69,8 @@ def submit_prompt(
     chosen = Brain.objects.filter(name=brain).first() if brain else default_brain()
     # Hashed by the brain it names, so that a retry naming the default brain replays one that left it out.
     digest = actions.body_hash(text=text, team=team, brain=chosen.name if chosen else brain, images=images)
-    if idempotency_key:
-        first = Prompt.objects.filter(saga=saga, submitted_by=by, idempotency_key=idempotency_key).first()
-        if first is not None:
-            if first.body_hash != digest:
-                raise errors.IdempotencyConflict("This Idempotency-Key was used for another prompt.")
-            return first, False
+    if idempotency_key and (first := first_prompt(saga, by, idempotency_key, digest)) is not None:
+        return first, False
     if saga.is_finished:
         raise errors.SagaFinished(f"The saga is {saga.status}: it takes no new work.", saga_status=saga.status)
     if not text.strip():
@@ -96,10 +92,19 @@ def submit_prompt(
         raise errors.InvalidPayload(
             "Bad team.", errors={"team": [f"Distinct roles, at most {chosen.max_parallel_agents}."]}
         )
-    prompt = Prompt.objects.create(
-        saga=saga, brain=chosen, submitted_by=by, text=text, team=team, images=images,
-        idempotency_key=idempotency_key, body_hash=digest,
-    )  # fmt: skip
+    try:
+        with transaction.atomic():
+            prompt = Prompt.objects.create(
+                saga=saga, brain=chosen, submitted_by=by, text=text, team=team, images=images,
+                idempotency_key=idempotency_key, body_hash=digest,
+            )  # fmt: skip
+    except IntegrityError:  # the same key's first request, at the same time, committed it first
+        if not idempotency_key:
+            raise
+        first = first_prompt(saga, by, idempotency_key, digest)
+        if first is None:
+            raise errors.IdempotencyConflict("This Idempotency-Key is in use by a prompt being submitted.") from None
+        return first, False
     lead, _ = actions.add_agent(
         saga=saga, name=prompt.lead_name, role="Brain", task=text[:2000], runtime=Collaborator.Runtime.EXTERNAL, by=by
     )
@@ -114,6 +119,14 @@ def submit_prompt(
     )  # fmt: skip
     ring_prompt_after_commit(str(prompt.pk))
     return prompt, True
+
+
+def first_prompt(saga: Saga, by: User, idempotency_key: str, digest: str) -> Prompt | None:
+    """The prompt a key was first used for, if any; `idempotency_conflict` when for another body."""
+    first = Prompt.objects.filter(saga=saga, submitted_by=by, idempotency_key=idempotency_key).first()
+    if first is not None and first.body_hash != digest:
+        raise errors.IdempotencyConflict("This Idempotency-Key was used for another prompt.")
+    return first
 
 
 BRAIN_FIELDS = {f.name for f in Brain._meta.get_fields()} - {"id", "updated_at", "prompts"}
@@ -136,12 +149,15 @@ def load_brains(*, entries: Any) -> tuple[int, int]:
         if unknown := set(entry) - BRAIN_FIELDS:
             raise InvalidBrains(f"Brain {name!r} has unknown keys: {', '.join(sorted(unknown))}.")
         roles = entry["roles"]
-        if not isinstance(roles, dict) or not roles:
+        if not isinstance(roles, dict) or not roles or not all(isinstance(p, str) for p in roles.values()):
             raise InvalidBrains(f"Brain {name!r}: roles maps role names to profile names.")
+        if not all(isinstance(entry.get(key, ""), str) for key in ("name", "planner_profile", "default_primary",
+                                                                      "review_role")):  # fmt: skip
+            raise InvalidBrains(f"Brain {name!r}: name, planner_profile, default_primary and review_role are names.")
         if bad := [
             r
             for r in roles
-            if not ROLE_RE.match(str(r)) or (r in RESERVED_SLOTS and r != entry.get("review_role", "review"))
+            if not ROLE_RE.fullmatch(str(r)) or (r in RESERVED_SLOTS and r != entry.get("review_role", "review"))
         ]:
             raise InvalidBrains(f"Brain {name!r}: bad role names {bad}.")
         profiles = {*roles.values(), entry["planner_profile"]}
@@ -149,7 +165,10 @@ def load_brains(*, entries: Any) -> tuple[int, int]:
             AgentProfile.objects.filter(name__in=profiles).values_list("name", flat=True)
         ):
             raise InvalidBrains(f"Brain {name!r}: no profiles {sorted(missing_profiles)}.")
-        for role, patterns in (entry.get("signals") or {}).items():
+        signals = entry.get("signals") or {}
+        if not isinstance(signals, dict):
+            raise InvalidBrains(f"Brain {name!r}: signals maps role names to lists of patterns.")
+        for role, patterns in signals.items():
             if role not in roles or not isinstance(patterns, list):
                 raise InvalidBrains(f"Brain {name!r}: signals of {role!r} must be a list, for a known role.")
             for pattern in patterns:

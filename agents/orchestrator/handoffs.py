@@ -7,9 +7,12 @@ loses the other workers' results.
 """
 
 import json
+import math
 import re
 from collections.abc import Callable
 from typing import Any
+
+from django.conf import settings
 
 from agents.orchestrator.plans import parse_json_object
 from sagas.models import ARTIFACT_NAME
@@ -62,11 +65,43 @@ def result_shape(packet: Handoff) -> dict[str, Any]:
 def support_worker_task(packet: Handoff) -> str:
     """The support worker's whole input: the request, its handoff, and the answer's shape (with the
     ids filled in, so that the worker echoes them)."""
-    return (
-        f"Original request:\n{packet['task']['original_prompt']}\n\n"
-        f"Your handoff:\n{json.dumps(packet, ensure_ascii=False)}\n\n"
-        f"Answer by calling finish with this JSON object as its result:\n{json.dumps(result_shape(packet))}"
-    )
+
+    def build(cut: int | None) -> str:
+        sent = clipped_packet(packet, cut)
+        return (
+            f"Original request:\n{sent['task']['original_prompt']}\n\n"
+            f"Your handoff:\n{json.dumps(sent, ensure_ascii=False)}\n\n"
+            f"Answer by calling finish with this JSON object as its result:\n{json.dumps(result_shape(packet))}"
+        )
+
+    return fitted(build)
+
+
+def fitted(build: Callable[[int | None], str]) -> str:
+    """A delegation's task within the kernel's limit on a task (`AGORA_MAX_GOAL_CHARS`), which a long
+    request (its artifacts inlined), a long goal, summary or answer would pass: whole when it fits,
+    else with each such part cut (`build(cut)`, clip()) to the longest length that fits."""
+    limit = settings.AGORA_MAX_GOAL_CHARS
+    task = build(None)
+    if len(task) <= limit:
+        return task
+    low, high = 0, len(task)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if len(build(middle)) <= limit else (low, middle - 1)
+    return build(low)  # still too long with every part cut to nothing: the kernel refuses it, the step fails
+
+
+def clip(text: str, cut: int | None) -> str:
+    if cut is None or len(text) <= cut:
+        return text
+    return f"{text[:cut]} […{len(text) - cut} characters cut]"
+
+
+def clipped_packet(packet: Handoff, cut: int | None) -> Handoff:
+    task = packet["task"]
+    return {**packet, "task": {**task, "goal": clip(task["goal"], cut),
+                               "original_prompt": clip(task["original_prompt"], cut)}}  # fmt: skip
 
 
 def _strings(value: Any) -> list[str]:
@@ -124,13 +159,15 @@ def normalize_worker_result(output: Any, packet: Handoff, *, resolve: ArtifactRe
     progress = data.get("progress")
     status = progress.get("status") if isinstance(progress, dict) else progress
     summary = data.get("summary")
+    if not isinstance(summary, str):  # none at all is no summary, not "null"
+        summary = "" if summary is None else json.dumps(summary, ensure_ascii=False)
     artifacts, missing = _artifacts(data.get("artifacts"), resolve)
     return {
         "handoff_id": packet["id"],
         "task_id": packet["task"]["id"],
         "parent_id": packet["task"]["parent_id"],
         "progress": {"status": status if status in PROGRESS else "completed"},
-        "summary": summary if isinstance(summary, str) else json.dumps(summary, ensure_ascii=False),
+        "summary": summary,
         "artifacts": artifacts,
         "risks": _strings(data.get("risks")) + missing,
         "next_questions": _strings(data.get("next_questions", data.get("nextQuestions"))),
@@ -159,34 +196,37 @@ def executed(result: WorkerResult, *, role: str, goal: str, error: str = "") -> 
     return entry
 
 
-def format_worker_results(results: list[dict[str, Any]]) -> str:
-    """The one formatter for worker results in a prompt (primary and review alike)."""
+def format_worker_results(results: list[dict[str, Any]], cut: int | None = None) -> str:
+    """The one formatter for worker results in a prompt (primary and review alike); `cut`: see clip()."""
     if not results:
         return "(no support workers ran)"
     blocks = []
     for r in results:
+        summary = clip(r["summary"], cut)
         lines = [
             f"### {r['role']} ({r['status']})",
             f"Task: {r['task_id']} -> {r['parent_id']}",
-            f"Goal: {r['goal']}",
-            f"Progress: {r['status']}: {r['summary']}",
-            f"Summary: {r['summary']}",
+            f"Goal: {clip(r['goal'], cut)}",
+            f"Progress: {r['status']}: {summary}",
+            f"Summary: {summary}",
             "Risks:",
-            *[f"- {risk}" for risk in r["risks"] or ["none"]],
+            *[f"- {clip(risk, cut)}" for risk in r["risks"] or ["none"]],
             "Open questions:",
-            *[f"- {q}" for q in r["next_questions"] or ["none"]],
+            *[f"- {clip(q, cut)}" for q in r["next_questions"] or ["none"]],
         ]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
 
 def primary_task(original_prompt: str, results: list[dict[str, Any]], role: str) -> str:
-    return (
-        f"You are the primary ({role}) agent: you write the answer the user sees.\n\n"
-        f"Original request:\n{original_prompt}\n\n"
-        f"Worker results:\n{format_worker_results(results)}\n\n"
-        "Treat the worker results as advisory context and resolve conflicts between them explicitly. "
-        "Finish with your answer, in free text, as the result."
+    return fitted(
+        lambda cut: (
+            f"You are the primary ({role}) agent: you write the answer the user sees.\n\n"
+            f"Original request:\n{clip(original_prompt, cut)}\n\n"
+            f"Worker results:\n{format_worker_results(results, cut)}\n\n"
+            "Treat the worker results as advisory context and resolve conflicts between them explicitly. "
+            "Finish with your answer, in free text, as the result."
+        )
     )
 
 
@@ -201,13 +241,15 @@ REVIEW_SHAPE = {
 
 
 def review_task(original_prompt: str, answer: str, results: list[dict[str, Any]], packet: Handoff) -> str:
-    return (
-        "You review the primary agent's answer; you change nothing yourself.\n\n"
-        f"Original request:\n{original_prompt}\n\n"
-        f"Primary answer:\n{answer}\n\n"
-        f"Worker results:\n{format_worker_results(results)}\n\n"
-        f"Your handoff:\n{json.dumps(packet, ensure_ascii=False)}\n\n"
-        f"Finish with this JSON object as your result:\n{json.dumps(REVIEW_SHAPE)}"
+    return fitted(
+        lambda cut: (
+            "You review the primary agent's answer; you change nothing yourself.\n\n"
+            f"Original request:\n{clip(original_prompt, cut)}\n\n"
+            f"Primary answer:\n{clip(answer, cut)}\n\n"
+            f"Worker results:\n{format_worker_results(results, cut)}\n\n"
+            f"Your handoff:\n{json.dumps(clipped_packet(packet, cut), ensure_ascii=False)}\n\n"
+            f"Finish with this JSON object as your result:\n{json.dumps(REVIEW_SHAPE)}"
+        )
     )
 
 
@@ -232,13 +274,12 @@ def gate_review(output: Any, results: list[dict[str, Any]], *, policy: str) -> d
             "title": str(f.get("title", "")),
             "detail": str(f.get("detail", "")),
         }
-        for f in data.get("findings", [])
+        for f in _list(data.get("findings"))
         if isinstance(f, dict)
     ]
-    confidence = data.get("confidence")
     review = {
         "decision": data["decision"],
-        "confidence": float(confidence) if isinstance(confidence, int | float) else 0.0,
+        "confidence": _confidence(data.get("confidence")),
         "findings": findings,
         "required_changes": _strings(data.get("required_changes")),
         "blocking_issues": _strings(data.get("blocking_issues")),
@@ -259,6 +300,19 @@ def gate_review(output: Any, results: list[dict[str, Any]], *, policy: str) -> d
             f"check failed: {name}" for name in failed_checks
         ]
     return review
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _confidence(value: Any) -> float:
+    """Between 0 and 1; anything else a model may write (a string, a huge integer, 1e999) is 0."""
+    try:
+        number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+    except OverflowError:
+        return 0.0
+    return min(max(number, 0.0), 1.0) if math.isfinite(number) else 0.0
 
 
 def merge_review(answer: str, review: dict[str, Any]) -> str:

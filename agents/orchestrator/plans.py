@@ -102,7 +102,7 @@ def parse_json_object(text: str) -> dict[str, Any] | None:
     for candidate in candidates:
         try:
             value = json.loads(candidate)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder goes
             continue
         if isinstance(value, dict):
             return value

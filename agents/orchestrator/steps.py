@@ -69,16 +69,28 @@ def advance(prompt_id: str, read: Prompt | None = None, *, worker: str = "") -> 
 
 def take_step(prompt: Prompt, here: "Here") -> bool:
     """The prompt's next step; False when its work is unfinished, or when another task moved the
-    prompt first (move()): then this step's transaction wrote nothing."""
+    prompt first (move()): then this step's transaction wrote nothing.
+
+    A step that the kernel refuses (a delegation over the saga's caps, the saga finished meanwhile)
+    or that raises for any other reason but the database's fails the prompt with the reason, rather
+    than leaving it running for the periodic resume to try the same again forever. A database error
+    is raised: the task's retry or the resume tries the step again."""
+    step, handed = prompt.step, len(here)
     try:
         if prompt.saga.is_finished:  # its workers were ended with the saga; no step may start more
-            fail(prompt, prompt.step, f"The saga was {prompt.saga.status}.")
+            fail(prompt, step, f"The saga was {prompt.saga.status}.")
             return False
-        return STEPS[prompt.step](prompt, here)
-    except DatabaseError as exc:
-        if not moved_first(exc):
-            raise
-        return False
+        return STEPS[step](prompt, here)
+    except Exception as exc:
+        del here[handed:]  # claimed in the transaction that rolled back
+        if isinstance(exc, DatabaseError):
+            if not moved_first(exc):
+                raise
+            return False
+        if isinstance(exc, errors.KernelError):
+            return fail(prompt, step, f"The {step} step was refused: {exc.detail}")
+        logger.exception("prompt %s: the %s step failed", prompt.pk, step)
+        return fail(prompt, step, f"The {step} step failed ({type(exc).__name__}); the worker's log has the details.")
 
 
 # --- the steps -----------------------------------------------------------------------------------
