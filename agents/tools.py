@@ -262,9 +262,32 @@ def execute(call: Call, name: str, arguments: str, allowed: list[str]) -> Outcom
         return tool_error("invalid_arguments", f"Missing: {', '.join(missing)}.")
     if unknown := [k for k in args if k not in properties]:
         return tool_error("invalid_arguments", f"Unknown arguments: {', '.join(unknown)}.")
+    if wrong := [f"{k} must be {expected(properties[k])}" for k, v in args.items() if not fits(v, properties[k])]:
+        return tool_error("invalid_arguments", f"{'; '.join(wrong)}.")
     try:
         return handler(call, **args)
     except errors.KernelError as exc:
         return tool_error(exc.code, exc.detail)
-    except (TypeError, ValueError) as exc:  # an argument of the wrong type, e.g. timeout_s="soon"
+    except (TypeError, ValueError, OverflowError) as exc:  # a value out of range, e.g. timeout_s=1e308
         return tool_error("invalid_arguments", str(exc))
+
+
+# The Python values of each JSON-schema type of an argument (a bool is no number).
+JSON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str, "number": (int, float), "integer": int, "boolean": bool, "array": list, "object": dict,
+}  # fmt: skip
+
+
+def fits(value: Any, schema: dict[str, Any]) -> bool:
+    """Whether an argument is of its declared type (and one of its enum), checked before any handler
+    reads it: a model's `"to": ["agent:x"]` is its mistake to hear about, not the turn's crash."""
+    kind = schema.get("type")
+    if kind is None:
+        return True
+    if isinstance(value, bool) and kind in ("number", "integer"):
+        return False
+    return isinstance(value, JSON_TYPES[kind]) and value in schema.get("enum", [value])
+
+
+def expected(schema: dict[str, Any]) -> str:
+    return f"one of {schema['enum']}" if "enum" in schema else f"a JSON {schema['type']}"

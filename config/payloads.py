@@ -8,6 +8,7 @@ serializing, a `UnicodeEncodeError` on a lone surrogate, PostgreSQL refusing NUL
 """
 
 import json
+import math
 import re
 from typing import Any
 
@@ -70,13 +71,24 @@ def loads(text: str | bytes, *, where: str = "payload") -> Any:
     limit: that, too, is the client's input, not a server error.
     """
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
     except RecursionError:
         raise Unstorable(f"{where} nests deeper than {max_depth()} levels.") from None
     except (ValueError, TypeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise MalformedJson(f"{where} is not valid JSON: {exc}.") from None
     check_storable(value, where=where)
     return value
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")  # NaN, Infinity: Python's extension, which no JSON column stores
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is out of range")  # 1e400 would be read as infinity
+    return number
 
 
 def storable_text(text: str) -> str:

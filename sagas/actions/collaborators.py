@@ -25,6 +25,7 @@ from sagas.wakeups import ring_run_after_commit
 
 NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]{0,63}"
 NAME_RE = re.compile(NAME_PATTERN)  # whole names only: fullmatch (`$` admits a final newline)
+ROLE_MAX = Collaborator._meta.get_field("role").max_length or 0
 Grant = tuple[int, str, type[Model], Any]  # guardian's object permission: user id, codename, model, object id
 
 
@@ -176,6 +177,8 @@ def check_new_agents(agents: list[NewAgent]) -> None:
                 "Bad agent name.", errors={"name": ["Lowercase letters, digits, '.', '_' and '-'."]}
             )
         check_goal(agent.task, field="task")
+        if not isinstance(agent.role, str) or len(agent.role) > ROLE_MAX:
+            raise errors.InvalidPayload("Bad role.", errors={"role": [f"Text of at most {ROLE_MAX} characters."]})
         if agent.runtime not in (Collaborator.Runtime.INTERNAL, Collaborator.Runtime.EXTERNAL):
             raise errors.InvalidPayload("Bad runtime.", errors={"runtime": ["internal or external."]})
         if agent.runtime == Collaborator.Runtime.INTERNAL and not agent.profile:

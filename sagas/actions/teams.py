@@ -84,6 +84,9 @@ def new_team(saga: Saga, lead: Collaborator) -> Team:
 
 
 BUDGETS = ("max_teammates", "max_tokens", "idle_timeout_s")
+# The largest each may be: what its column holds, and for the idle timeout ten years (a deadline
+# computed from it stays a date; 0 already says "never").
+BUDGET_MAX: dict[str, int] = {"max_teammates": 2**31 - 1, "max_tokens": 2**63 - 1, "idle_timeout_s": 10 * 366 * 86400}
 
 
 @transaction.atomic
@@ -97,8 +100,10 @@ def configure_team(*, lead: Collaborator, by: User, **budgets: float | None) -> 
     if unknown := set(budgets) - set(BUDGETS):
         raise errors.InvalidPayload("Unknown budget.", errors={name: ["Unknown."] for name in sorted(unknown)})
     changes = {name: value for name, value in budgets.items() if value is not None}
-    if bad := [name for name, value in changes.items() if value < 0]:
-        raise errors.InvalidPayload("Budgets are not negative.", errors={name: ["Must be >= 0."] for name in bad})
+    if bad := [name for name, value in changes.items() if not 0 <= value <= BUDGET_MAX[name]]:
+        raise errors.InvalidPayload(
+            "A budget is out of range.", errors={name: [f"From 0 to {BUDGET_MAX[name]:g}."] for name in bad}
+        )
     team = new_team(saga, lead)
     for name, value in changes.items():
         setattr(team, name, value if name == "idle_timeout_s" else int(value))

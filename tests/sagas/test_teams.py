@@ -254,6 +254,13 @@ def test_a_manager_sets_a_teams_budgets_and_its_lead_cannot(team: Team, alice: U
 
     problem(lead_api.patch(url(team), {"max_teammates": 99}, format="json"), 403, "forbidden")
     problem(owner_api.patch(url(team), {"max_tokens": -1}, format="json"), 400, "invalid_payload")
+    # Past what a column holds, or an idle timeout whose deadline no date holds (the reconciler
+    # computes it for every idle teammate): refused, not a 500 or a reconciler that fails each pass.
+    for budget in ({"max_tokens": 2**63}, {"max_teammates": 2**31}, {"idle_timeout_s": 1e12}):
+        problem(owner_api.patch(url(team), budget, format="json"), 400, "invalid_payload")
+        with pytest.raises(errors.InvalidPayload):
+            actions.configure_team(lead=team["lead"], by=alice, **budget)
+    assert not events_of(team.saga, "team.configured")
     configured = owner_api.patch(url(team), {"max_teammates": 1, "idle_timeout_s": 0}, format="json")
 
     assert configured.status_code == 200

@@ -10,7 +10,7 @@ from django.test import Client
 from accounts.models import User
 from agents.providers import Completion
 from agents.tools import Call, execute
-from sagas.models import AgentRequest, Saga
+from sagas.models import AgentRequest, Collaborator, Saga
 from tests.sagas.api_http import client_for, problem
 from tests.sagas.kernel import Team
 
@@ -96,3 +96,45 @@ def test_a_models_text_is_kept_with_unstorable_characters_replaced() -> None:
     assert message["content"] == "a\ufffdb\ufffd"
     assert message["tool_calls"][0]["id"] == "c\ufffd"
     json.dumps(message, ensure_ascii=False).encode()  # storable: no UnicodeEncodeError
+
+
+HUGE = "1" + "0" * 400  # an integer no float holds
+WRONG_ARGUMENTS = {
+    "an address as a list": ("ask_agent", '{"to": ["agent:coder"], "type": "t", "payload": 1}', "invalid_arguments"),
+    "an address as null": ("ask_agent", '{"to": null, "type": "t", "payload": 1}', "invalid_arguments"),
+    "a mode not among its values": (
+        "ask_agent", '{"to": "agent:coder", "type": "t", "payload": 1, "mode": "soon"}', "invalid_arguments"
+    ),
+    "a boolean for seconds": (
+        "ask_agent", '{"to": "agent:coder", "type": "t", "payload": 1, "mode": "wait", "timeout_s": true}',
+        "invalid_arguments",
+    ),
+    "seconds past any float": (
+        "ask_agent", f'{{"to": "agent:coder", "type": "t", "payload": 1, "mode": "wait", "timeout_s": {HUGE}}}',
+        "invalid_arguments",
+    ),
+    "NaN": ("ask_agent", '{"to": "agent:coder", "type": "t", "payload": NaN}', "invalid_arguments"),
+    "a number read as infinity": ("finish", '{"result": 1e400}', "invalid_arguments"),
+    "a request id as a list": ("reply", '{"request_id": []}', "invalid_arguments"),
+    "a request id as a huge number": ("cancel_request", f'{{"request_id": {HUGE}}}', "invalid_arguments"),
+    "a role as null": ("delegate", '{"name": "helper", "role": null, "task": "t"}', "invalid_arguments"),
+    "a role past its column": ("delegate", json.dumps({"name": "helper", "role": "r" * 500, "task": "t"}),
+                               "invalid_payload"),
+    "a reason as an object": ("shutdown_teammate", '{"name": "coder", "reason": {"a": 1}}', "invalid_arguments"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("tool, arguments, code", WRONG_ARGUMENTS.values(), ids=WRONG_ARGUMENTS.keys())
+def test_a_models_tool_call_with_arguments_of_the_wrong_type_gets_a_tool_error(
+    team: Team, tool: str, arguments: str, code: str
+) -> None:
+    """Not an exception out of the turn, which would roll it back whole (its model call and tokens
+    with it) and give the model the same input again once the run's lease lapsed."""
+    members = Collaborator.objects.count()
+    call = Call(run=team.run("tester"), collaborator=team["tester"], turn=1, call_id="c1")
+
+    outcome = execute(call, tool, arguments, [tool])
+
+    assert outcome.result is not None and outcome.result["error"]["code"] == code, outcome.result
+    assert not outcome.finished
+    assert not AgentRequest.objects.exists() and Collaborator.objects.count() == members
