@@ -123,12 +123,15 @@ def spawn_teammate(
     *, lead: Collaborator, name: str, role: str, prompt: str, profile: str, by: User, idempotency_key: str = ""
 ) -> tuple[Collaborator, bool]:
     """A persistent internal teammate under `lead`; returns it and whether it is new. Refused past
-    the team's cap on teammates at work (`team_full`) or on tokens (`team_budget_exhausted`)."""
+    the team's cap on teammates at work (`team_full`) or on tokens (`team_budget_exhausted`), and
+    for a lead that is itself a teammate (`not_team_lead`): teams do not nest."""
     saga = lock_open_saga(lead.saga_id)
     if not lead.is_agent:
         raise errors.InvalidPayload("A team's lead is an agent.", errors={"lead": ["Not an agent."]})
     if lead.user_id != by.pk and not may_manage(by, saga):
         raise errors.NotTeamLead(f"Only {lead.handle} or a manager of the saga spawns its teammates.")
+    if Run.objects.filter(collaborator=lead, team__isnull=False).exists():  # its team's caps would not hold
+        raise errors.NotTeamLead(f"{lead.handle} is a teammate: a team has one lead, and teammates lead none.")
     team = Team.objects.filter(lead=lead).select_related("lead", "saga").first()
     if team is not None and idempotency_key:
         first = Run.objects.filter(team=team, spawn_key=idempotency_key).select_related("collaborator").first()

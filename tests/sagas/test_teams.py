@@ -16,6 +16,7 @@ from journal.models import JournalEvent
 from sagas import actions, errors
 from sagas.actions import teams as team_actions
 from sagas.models import Broadcast, Collaborator, Run, SteeringItem
+from sagas.models import Team as TeamRow
 from sagas.tasks import reconcile
 from tests.sagas.api_http import client_for, problem
 from tests.sagas.kernel import Clock, Team, events_of, profile_named
@@ -279,3 +280,16 @@ def test_team_events_read_well_in_the_timeline(team: Team) -> None:
     actions.broadcast(lead=team["lead"], content="phase 1 done", by=team.user("lead"))
     lines = [describe(e) for e in JournalEvent.objects.for_saga(team.saga.pk).filter(type__startswith="team.")]
     assert lines == ["spawned teammate agent:ann (Mate) for agent:lead", "broadcast to 1 teammates: phase 1 done"]
+
+
+def test_a_teammate_leads_no_team_of_its_own(team: Team, alice: User) -> None:
+    """Teams do not nest: a teammate's own team would hold neither its lead's cap on teammates nor
+    its budget of tokens."""
+    actions.configure_team(lead=team["lead"], by=alice, max_teammates=1)
+    ann = spawn(team, "ann")
+
+    for by in (ann.user, alice):  # the teammate itself, or a manager on its behalf
+        with pytest.raises(errors.NotTeamLead, match="teammates lead none"):
+            actions.spawn_teammate(lead=ann, name="sub", role="Sub", prompt="p", profile=profile_named("mate"), by=by)
+    assert not Collaborator.objects.filter(saga=team.saga, name="sub").exists()
+    assert not TeamRow.objects.filter(lead=ann).exists()
