@@ -6,7 +6,6 @@ names beside it). Every call is authorized here, before the dispatcher: an agent
 not exposed, and a token of someone outside the saga, all get the same 404.
 """
 
-import json
 from typing import Any
 
 from a2a.server.context import ServerCallContext
@@ -18,12 +17,14 @@ from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_1_0
 from a2a.utils.errors import InvalidParamsError
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from accounts.authentication import authenticate_key
+from config.payloads import MalformedJson, Unstorable, loads
 from gateways.a2a.cards import card_dict, exposed_agent, host_agent
 from gateways.a2a.handler import CALLER, Caller, KernelRequestHandler
 from sagas.models import Collaborator
@@ -100,12 +101,19 @@ async def card(request: Request) -> Response:
     return not_found() if body is None else JSONResponse(body)
 
 
+def method_of(rpc: Any) -> str | None:
+    """The call's method, when the body is a call with a method name at all (the dispatcher answers
+    the rest with the protocol's errors)."""
+    method = rpc.get("method") if isinstance(rpc, dict) else None
+    return method if isinstance(method, str) else None
+
+
 def assume_current_version(request: Request, rpc: Any) -> None:
     """A call without an A2A-Version header is a 0.3 call, says the spec; but a client that uses the
     1.0 method names (SendMessage, GetTask…) while omitting the header plainly speaks 1.0."""
-    if "a2a-version" in request.headers or not isinstance(rpc, dict):
+    if "a2a-version" in request.headers:
         return
-    if rpc.get("method") in JsonRpcDispatcher.METHOD_TO_MODEL:
+    if method_of(rpc) in JsonRpcDispatcher.METHOD_TO_MODEL:
         request.scope["headers"] = [*request.scope["headers"], (b"a2a-version", PROTOCOL_VERSION_1_0.encode())]
         vars(request).pop("_headers", None)  # Starlette caches the parsed headers
 
@@ -116,10 +124,15 @@ async def rpc(request: Request) -> Response:
     if isinstance(caller, Response):
         return caller
     request.state.caller = caller
+    # Read as every other entry reads JSON (config.payloads): not JSON (bad UTF-8, NaN, nesting past
+    # the decoder) is the protocol's parse error, text no database stores or nesting past
+    # AGORA_MAX_JSON_DEPTH its invalid params; neither reaches the dispatcher.
     try:
-        rpc_body = json.loads(await request.body())
-    except ValueError:
-        rpc_body = None  # the dispatcher answers with the protocol's parse error
+        rpc_body = loads(await request.body(), where="The request")
+    except MalformedJson as exc:
+        return rpc_error(-32700, str(exc))  # JSON-RPC's parse error
+    except Unstorable as exc:
+        return rpc_error(-32602, str(exc))  # invalid params
     assume_current_version(request, rpc_body)
     if (refused := check_enums(rpc_body)) is not None:
         return JSONResponse(build_error_response(rpc_body.get("id"), refused))
@@ -129,11 +142,16 @@ async def rpc(request: Request) -> Response:
     return response
 
 
+def rpc_error(code: int, message: str) -> JSONResponse:
+    """A JSON-RPC error for a body the dispatcher never sees (so no call id is known)."""
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
+
+
 STREAMING_METHODS = frozenset({"SendStreamingMessage", "SubscribeToTask", "message/stream", "tasks/resubscribe"})
 
 
 def is_streaming(rpc: Any) -> bool:
-    return isinstance(rpc, dict) and rpc.get("method") in STREAMING_METHODS
+    return method_of(rpc) in STREAMING_METHODS
 
 
 def as_event_stream(response: JSONResponse) -> Response:
@@ -147,12 +165,13 @@ def as_event_stream(response: JSONResponse) -> Response:
 def check_enums(rpc: Any) -> InvalidParamsError | None:
     """The dispatcher parses params ignoring unknown fields, which also turns an unknown enum
     value into "unspecified"; a ListTasks status filter that names no state must be refused."""
-    if not isinstance(rpc, dict) or rpc.get("method") not in ("ListTasks", "tasks/list"):
+    if method_of(rpc) not in ("ListTasks", "tasks/list"):
         return None
     params = rpc.get("params")
     status = params.get("status") if isinstance(params, dict) else None
     states = pb.TaskState.DESCRIPTOR
-    if status is None or status in states.values_by_name or status in states.values_by_number:
+    if status is None or (isinstance(status, str | int) and (status in states.values_by_name
+                                                              or status in states.values_by_number)):  # fmt: skip
         return None
     return InvalidParamsError(message=f"Unknown task state {status!r}.")
 
@@ -176,9 +195,23 @@ def with_gateway(django_app: Any) -> Any:
     """Django's HTTP app, with /a2a/ served by the gateway."""
 
     async def http(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["path"].startswith("/a2a/") or scope["path"] == WELL_KNOWN:
-            await app(scope, receive, send)
-        else:
+        if not (scope["path"].startswith("/a2a/") or scope["path"] == WELL_KNOWN):
             await django_app(scope, receive, send)
+        elif (refused := refusal(scope)) is not None:
+            await refused(scope, receive, send)
+        else:
+            await app(scope, receive, send)
 
     return http
+
+
+def refusal(scope: dict[str, Any]) -> JSONResponse | None:
+    """What Django refuses before any view, refused here too: a Host not in ALLOWED_HOSTS (a card
+    names the host it was asked on), and a path with a NUL (no database stores one)."""
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    domain, _ = split_domain_port(headers.get("host", ""))
+    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+        return problem(400, "invalid_host", "Bad request", "Host not allowed.")
+    if "\x00" in scope["path"]:
+        return problem(400, "invalid_payload", "Invalid payload", "The path contains a NUL character.")
+    return None

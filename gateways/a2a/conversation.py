@@ -20,7 +20,7 @@ from a2a.utils.errors import InvalidParamsError, UnsupportedOperationError
 
 from gateways.a2a import mapping
 from sagas import actions, errors
-from sagas.models import AgentRequest, Collaborator
+from sagas.models import AgentRequest, Collaborator, SteeringItem
 
 TASK_LINK = "task_id"  # the key of an ask-back's payload that names its task
 TASK_CANCELLED = {"code": "task_cancelled", "message": "The client cancelled the task this question is about."}
@@ -103,8 +103,8 @@ def decline_questions(sender: Collaborator, questions: list[AgentRequest]) -> No
 
 def continue_task(sender: Collaborator, task: AgentRequest, message: pb.Message) -> AgentRequest:
     """A further message to one of the caller's tasks: the answer to its question, or a follow-up."""
-    if already_answered(sender, task, message.message_id):
-        return task  # a resend of an answer the agent has: the task as it stands, even finished
+    if already_answered(sender, task, message.message_id) or already_followed_up(sender, task, message.message_id):
+        return task  # a resend of a message the agent has: the task as it stands, even finished
     question = question_of(task)
     if mapping.state_of(task, question) in mapping.TERMINAL:
         raise UnsupportedOperationError(message=f"Task {task.pk} is {task.status}; start a new task.")
@@ -120,6 +120,15 @@ def continue_task(sender: Collaborator, task: AgentRequest, message: pb.Message)
             request_id=task.pk, by=sender.user, message=body, idempotency_key=f"a2a:{message.message_id}"
         )
     return task
+
+
+def already_followed_up(sender: Collaborator, task: AgentRequest, message_id: str) -> bool:
+    """Whether this message went to the task as a follow-up (its key, follow_up_request's): resent,
+    it is not the answer to a question the agent asked since."""
+    return SteeringItem.objects.filter(
+        recipient_id=task.recipient_id, kind=SteeringItem.Kind.MESSAGE, sender=sender.handle,
+        payload__request_id=task.pk, payload__key=f"a2a:{message_id}",
+    ).exists()  # fmt: skip
 
 
 def already_answered(sender: Collaborator, task: AgentRequest, message_id: str) -> bool:

@@ -162,21 +162,41 @@ def headers_for(token_env: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+async def screen(request: httpx.Request) -> None:
+    """Refuse a request to anything but a public address (checked when a manager allowed the agent,
+    and again at each request: a name may resolve elsewhere since, and its card may name another)."""
+    if not await validate_push_notification_url(str(request.url)):
+        raise Refused("remote_not_allowed", f"{request.url} is not at a public address.")
+
+
+def screened_out(exc: BaseException) -> "Refused | None":
+    """screen()'s refusal, however the client wrapped it."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, Refused):
+        seen = seen.__cause__ or seen.__context__
+    return seen
+
+
 async def exchange(call: RemoteCall, token_env: str) -> pb.Task:
     """Send the call's message (return at once), or read its remote task: one exchange."""
-    if not settings.AGORA_A2A_REMOTE_PRIVATE_URLS and not await validate_push_notification_url(call.url):
-        # Checked when a manager allowed it, and again here: a name may resolve elsewhere since.
-        raise Refused("remote_not_allowed", f"{call.url} is not at a public address.")
     headers = headers_for(token_env)
+    # Every request is screened, not only the allowed URL: the agent card names the address the
+    # messages go to, and a card may name a private one.
+    hooks = {} if settings.AGORA_A2A_REMOTE_PRIVATE_URLS else {"request": [screen]}
     try:
-        async with httpx.AsyncClient(headers=headers, timeout=HTTP_TIMEOUT_S) as http:
-            client = await create_client(call.url, ClientConfig(httpx_client=http, streaming=False))
-            try:
-                if call.task_id:
-                    return await client.get_task(pb.GetTaskRequest(id=call.task_id))
-                return await send(client, call)
-            finally:
-                await client.close()
+        try:
+            async with httpx.AsyncClient(headers=headers, timeout=HTTP_TIMEOUT_S, event_hooks=hooks) as http:
+                client = await create_client(call.url, ClientConfig(httpx_client=http, streaming=False))
+                try:
+                    if call.task_id:
+                        return await client.get_task(pb.GetTaskRequest(id=call.task_id))
+                    return await send(client, call)
+                finally:
+                    await client.close()
+        except Exception as exc:
+            if (refused := screened_out(exc)) is not None:
+                raise refused from None
+            raise
     except A2AClientTimeoutError as exc:
         raise Transient(f"no answer within {HTTP_TIMEOUT_S:g} s") from exc
     except AgentCardResolutionError as exc:

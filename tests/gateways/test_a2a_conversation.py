@@ -141,6 +141,15 @@ def test_follow_up_question_and_stream_to_input_required(web_server: WebServer, 
     last = events[-1].status_update.status
     assert last.state == pb.TASK_STATE_INPUT_REQUIRED and text_of(last.message) == "Short as in one page?"
 
+    # The follow-up resent now (its answer lost on the way) is not the answer to the question asked since.
+    async def resend_follow_up(client: Client) -> pb.Task:
+        return await send(
+            client, in_task(message("and keep it short", message_id="f-1"), task), return_immediately=True
+        )
+
+    assert run(url, cast.ext_token, resend_follow_up).status.state == pb.TASK_STATE_INPUT_REQUIRED
+    assert AgentRequest.objects.get(sender=cast.slow, recipient__name="ext").status == AgentRequest.Status.PENDING
+
     # The answer goes to the question, not to the agent's steering as a follow-up.
     async def answer(client: Client) -> pb.Task:
         return await send(client, in_task(message("yes, one page", message_id="a-2"), task), return_immediately=True)

@@ -1,0 +1,74 @@
+"""Input the A2A gateway refuses before its dispatcher, through a real daphne: a body that is not
+JSON or that no database stores, a method or a filter of the wrong type, a Host not allowed, a NUL
+in the path. Each gets the protocol's error (HTTP 200, a JSON-RPC error) or a 400, never a 500, and
+nothing is written."""
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from sagas.models import AgentRequest
+from tests.gateways.conftest import Cast
+from tests.support import WebServer
+
+pytestmark = pytest.mark.integration
+
+V1 = {"A2A-Version": "1.0"}
+SEND = {"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
+BODIES: dict[str, tuple[bytes, int]] = {
+    "bad UTF-8": (b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "\xff\xfe"}}', -32700),
+    "nested past the decoder": (b"[" * 100_000 + b"]" * 100_000, -32602),  # AGORA_MAX_JSON_DEPTH, as everywhere
+    "NaN": (b'{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": NaN}}', -32700),
+    "a NUL in a text part": (
+        b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"messageId": "m-nul", '
+        b'"role": "ROLE_USER", "parts": [{"text": "a\\u0000b"}]}}}',
+        -32602,
+    ),
+}
+
+
+def post(server: WebServer, cast: Cast, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(
+        cast.agent_url(server.url, "slow"), content=body, timeout=30,
+        headers={"Authorization": f"Bearer {cast.ext_token}", "Content-Type": "application/json", **(headers or {})},
+    )  # fmt: skip
+
+
+def rpc(method: Any, params: Any) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).encode()
+
+
+def test_bodies_that_are_not_json_or_not_storable_get_the_protocols_errors(web_server: WebServer, cast: Cast) -> None:
+    for name, (body, code) in BODIES.items():
+        response = post(web_server, cast, body, V1)
+        assert response.status_code == 200, (name, response.text[:300])
+        assert response.json()["error"]["code"] == code, (name, response.json())
+    assert not AgentRequest.objects.exists()
+
+
+def test_a_method_or_a_filter_of_the_wrong_type_is_refused_not_a_server_error(
+    web_server: WebServer, cast: Cast
+) -> None:
+    for body, headers in (
+        (rpc(["SendMessage"], SEND), {}),  # no A2A-Version: the method name decides the version
+        (rpc({"a": 1}, SEND), V1),
+        (rpc("ListTasks", {"status": ["TASK_STATE_WORKING"]}), V1),
+        (rpc("ListTasks", {"status": {}}), V1),
+    ):
+        response = post(web_server, cast, body, headers)
+        assert response.status_code == 200, response.text[:300]
+        assert response.json()["error"]["code"] in (-32600, -32601, -32602), response.json()
+    assert not AgentRequest.objects.exists()
+
+
+def test_a_host_not_allowed_and_a_nul_in_the_path_are_refused(web_server: WebServer, cast: Cast) -> None:
+    card_url = f"{cast.agent_url(web_server.url, 'slow')}.well-known/agent-card.json"
+    assert httpx.get(card_url, timeout=30).status_code == 200
+    evil = httpx.get(card_url, headers={"Host": "evil.example"}, timeout=30)
+    assert evil.status_code == 400 and evil.json()["code"] == "invalid_host"
+    nul = httpx.get(f"{web_server.url}/a2a/{cast.saga.pk}/sl%00ow/.well-known/agent-card.json", timeout=30)
+    assert nul.status_code == 400 and nul.json()["code"] == "invalid_payload"
+    assert post(web_server, cast, rpc("SendMessage", SEND), {**V1, "Host": "evil.example"}).status_code == 400
+    assert not AgentRequest.objects.exists()
