@@ -43,8 +43,9 @@ def text_problem(text: str) -> str | None:
 
 
 def check_storable(value: Any, *, where: str = "payload") -> None:
-    """Raise Unstorable unless value nests at most `AGORA_MAX_JSON_DEPTH` deep and all its strings
-    (keys included) are storable. Iterative, so that a deep value cannot exhaust the stack here."""
+    """Raise Unstorable unless value nests at most `AGORA_MAX_JSON_DEPTH` deep, all its strings
+    (keys included) are storable and all its numbers finite (no JSON column holds NaN). Iterative,
+    so that a deep value cannot exhaust the stack here."""
     limit = max_depth()
     stack: list[tuple[Any, int, str]] = [(value, 0, where)]
     while stack:
@@ -52,6 +53,8 @@ def check_storable(value: Any, *, where: str = "payload") -> None:
         if isinstance(item, str):
             if problem := text_problem(item):
                 raise Unstorable(f"{path} {problem}.")
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise Unstorable(f"{path} is not a finite number.")
         elif isinstance(item, dict | list | tuple):
             if depth >= limit:
                 raise Unstorable(f"{path} nests deeper than {limit} levels.")

@@ -19,6 +19,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, TextContent
 from pydantic import Field
 
+from config.payloads import Unstorable, check_storable
 from gateways.mcp import operations as ops
 from sagas import errors
 from sagas.waits import Doorbell, release_connections
@@ -98,12 +99,22 @@ async def steering_after(key: str, after: int, wait_s: float) -> dict[str, Any]:
 Json = Annotated[Any, Field(description="Any JSON value.")]
 
 
+def storable(arguments: dict[str, Any]) -> None:
+    """The checks every other entry applies to what it stores (config.payloads): NUL, lone
+    surrogates, NaN, nesting past AGORA_MAX_JSON_DEPTH are `invalid_payload`, on every database."""
+    try:
+        check_storable(arguments, where="arguments")
+    except Unstorable as exc:
+        raise errors.InvalidPayload(str(exc)) from None
+
+
 def build_server(principal: Principal) -> MCPServer:
     """The MCP server of Agora's collaboration tools, finding each call's caller with `principal`."""
     server: MCPServer = MCPServer("agora", instructions=INSTRUCTIONS)
 
     async def as_caller(ctx: Context, fn: Callable[..., dict[str, Any]], **kwargs: Any) -> CallToolResult:
         try:
+            storable(kwargs)
             user = await kernel(ops.principal, principal(ctx))
             return result(await kernel(fn, user, **kwargs))
         except errors.KernelError as exc:
@@ -121,7 +132,9 @@ def build_server(principal: Principal) -> MCPServer:
         type: Annotated[str, Field(description="A short dotted request type such as code.review.")],
         payload: Json,
         mode: Literal["async", "wait"] = "async",
-        timeout_s: Annotated[float | None, Field(description="How long a wait may last, in seconds.")] = None,
+        timeout_s: Annotated[
+            float | None, Field(description="How long a wait may last, in seconds.", allow_inf_nan=False)
+        ] = None,
         idempotency_key: Annotated[
             str, Field(description="Retries with the same key and body return the first request.", max_length=200)
         ] = "",
@@ -130,6 +143,7 @@ def build_server(principal: Principal) -> MCPServer:
         arrives through read_steering; mode=wait returns the reply (or `timed_out`, the reply coming later)."""
         slot = None
         try:
+            storable({"to": to, "type": type, "payload": payload, "idempotency_key": idempotency_key})
             user = await kernel(ops.principal, principal(ctx))
             if mode == "wait":
                 slot = await kernel(ops.hold_wait, user)
@@ -164,7 +178,9 @@ def build_server(principal: Principal) -> MCPServer:
         after: Annotated[
             int, Field(description="The cursor from your last read; items up to it are acknowledged.")
         ] = 0,
-        wait_s: Annotated[float, Field(description="Wait up to this many seconds for a new item.")] = 0,
+        wait_s: Annotated[
+            float, Field(description="Wait up to this many seconds for a new item.", allow_inf_nan=False)
+        ] = 0,
     ) -> CallToolResult:
         """Your inbox: requests for you, replies to your requests, notices and people's messages, after a cursor."""
         try:

@@ -1,6 +1,8 @@
 """Agora's MCP server over streamable HTTP, mounted in the real ASGI app under daphne."""
 
 import http.client
+import json
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -12,6 +14,14 @@ from tests.gateways.mcp.conftest import Cast, data, error_code, http_client
 from tests.support import WebServer
 
 pytestmark = pytest.mark.integration
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
 
 TOOLS = {"get_collaborators", "ask_agent", "reply", "read_steering", "cancel_request", "ask_human", "finish"}
 
@@ -83,6 +93,10 @@ def test_kernel_rules_hold_as_over_rest(web_server: WebServer, cast: Cast) -> No
             # Caps: a payload over the limit is refused whole.
             big = {**ask, "idempotency_key": "", "payload": {"blob": "x" * 300_000}}
             assert error_code(await tester.call_tool("ask_agent", big)) == "payload_too_large"
+            # What no database stores is refused as over REST, on every database.
+            for payload in ({"note": "a\x00b"}, nested(100)):
+                refused = await tester.call_tool("ask_agent", {**ask, "idempotency_key": "", "payload": payload})
+                assert error_code(refused) == "invalid_payload"
             # A wait that passes its timeout says so; the request stays open for a later reply.
             wait = {"to": "agent:coder", "type": "t.y", "payload": {}, "mode": "wait", "timeout_s": 0.5}
             waited = data(await tester.call_tool("ask_agent", wait))
@@ -96,8 +110,19 @@ def test_kernel_rules_hold_as_over_rest(web_server: WebServer, cast: Cast) -> No
         ("t.y", "pending"),
     ]
 
-    # Authentication: a call without an agent's valid API token is refused before any tool runs.
+    # A wait of NaN seconds is refused at once (it compared false with every deadline: it never ended).
     parts = urlsplit(web_server.url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    call = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "read_steering", "arguments": '
+    conn.request("POST", "/mcp", body=call + b'{"wait_s": NaN}}}', headers={
+        "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-06-18", "Authorization": f"Bearer {cast.tokens['tester']}",
+    })  # fmt: skip
+    answer = json.loads(conn.getresponse().read())
+    conn.close()
+    assert answer["result"]["isError"] is True and "wait_s" in answer["result"]["content"][0]["text"]
+
+    # Authentication: a call without an agent's valid API token is refused before any tool runs.
     for headers in ({}, {"Authorization": "Bearer not-a-token"}):
         conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
         body = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}'
