@@ -109,6 +109,10 @@ def task_for(caller: Caller, task_id: str) -> AgentRequest:
     return request
 
 
+MAX_MESSAGE_ID = 196  # "a2a:" and it fill an idempotency key (200)
+MAX_PAGE_OFFSET = 2**31 - 1
+
+
 def default_context_id(caller: Caller, message_id: str) -> str:
     # Derived, not random: a retried message without a contextId must hash to the same request.
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"agora:{caller.sender.pk}:{message_id}"))
@@ -118,6 +122,10 @@ def send(caller: Caller, params: pb.SendMessageRequest, *, mode: str) -> AgentRe
     message = params.message
     if message.role == pb.ROLE_AGENT:
         raise InvalidParamsError(message="A client's message has the user role.")
+    if len(message.message_id) > MAX_MESSAGE_ID:  # it keys the request: a2a:<messageId>
+        raise InvalidParamsError(message=f"A messageId has at most {MAX_MESSAGE_ID} characters.")
+    if params.configuration.HasField("task_push_notification_config"):  # refused before any task is created
+        push.check(params.configuration.task_push_notification_config)
     if message.task_id:  # a further message to a task: an answer to the agent, or a follow-up
         return conversation.continue_task(caller.sender, task_for(caller, message.task_id), message)
     context_id = message.context_id or default_context_id(caller, message.message_id)
@@ -211,7 +219,7 @@ def list_tasks(caller: Caller, params: pb.ListTasksRequest) -> pb.ListTasksRespo
         offset = int(params.page_token or 0)
     except ValueError:
         offset = -1
-    if offset < 0:
+    if not 0 <= offset <= MAX_PAGE_OFFSET:
         raise InvalidParamsError(message="Bad pageToken.")
     if params.HasField("history_length") and params.history_length < 0:
         raise InvalidParamsError(message="historyLength must not be negative.")

@@ -30,13 +30,28 @@ def as_proto(config: PushConfig) -> pb.TaskPushNotificationConfig:
     return message  # credentials are never read back
 
 
+def check(config: pb.TaskPushNotificationConfig) -> None:
+    """A webhook's config as its row holds it; checked before its task is created (SendMessage)."""
+    if not config.url.startswith(("http://", "https://")):
+        raise InvalidParamsError(message="A push notification url is an http(s) URL.")
+    for field, value in (("config_id", config.id), ("url", config.url), ("token", config.token),
+                         ("auth_scheme", config.authentication.scheme),
+                         ("auth_credentials", config.authentication.credentials)):  # fmt: skip
+        limit = PushConfig._meta.get_field(field).max_length or 0  # type: ignore[union-attr]
+        if len(value) > limit or "\x00" in value:
+            raise InvalidParamsError(
+                message=f"The push notification config's {field} is not {limit} characters or fewer."
+            )
+
+
 def register(
     caller: object, request: AgentRequest, config: pb.TaskPushNotificationConfig
 ) -> pb.TaskPushNotificationConfig:
-    """Add (or replace, by id) a webhook for this task, and ring its delivery after commit."""
-    if not config.url.startswith(("http://", "https://")):
-        raise InvalidParamsError(message="A push notification url is an http(s) URL.")
-    config_id = config.id or uuid.uuid4().hex
+    """Add (or replace, by id) a webhook for this task, and ring its delivery after commit. Without an
+    id, the id derives from the task and the url: a retried SendMessage replaces its webhook, not adds
+    another."""
+    check(config)
+    config_id = config.id or uuid.uuid5(uuid.NAMESPACE_URL, f"{request.pk}:{config.url}").hex
     with transaction.atomic():
         if PushConfig.objects.filter(request=request).exclude(config_id=config_id).count() >= MAX_CONFIGS:
             raise InvalidParamsError(message=f"A task takes at most {MAX_CONFIGS} push notification configs.")

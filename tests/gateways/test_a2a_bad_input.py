@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateways.a2a.models import PushConfig
 from sagas.models import AgentRequest
 from tests.gateways.conftest import Cast
 from tests.support import WebServer
@@ -72,3 +73,29 @@ def test_a_host_not_allowed_and_a_nul_in_the_path_are_refused(web_server: WebSer
     assert nul.status_code == 400 and nul.json()["code"] == "invalid_payload"
     assert post(web_server, cast, rpc("SendMessage", SEND), {**V1, "Host": "evil.example"}).status_code == 400
     assert not AgentRequest.objects.exists()
+
+
+def test_a_send_refused_for_its_webhook_or_its_message_id_creates_no_task(web_server: WebServer, cast: Cast) -> None:
+    def send(message_id: str, **configuration: Any) -> dict[str, Any]:
+        params = {"message": {**SEND["message"], "messageId": message_id},
+                  "configuration": {"returnImmediately": True, **configuration}}  # fmt: skip
+        return dict(post(web_server, cast, rpc("SendMessage", params), V1).json())
+
+    for refused in (
+        send("m-ftp", taskPushNotificationConfig={"url": "ftp://hook.example/"}),
+        send("m-long-url", taskPushNotificationConfig={"url": "https://hook.example/" + "x" * 2000}),
+        send("m-long-id", taskPushNotificationConfig={"url": "https://hook.example/", "id": "i" * 101}),
+        send("m" * 197),  # its key, a2a:<messageId>, would pass 200 characters
+    ):
+        assert refused["error"]["code"] == -32602, refused
+    assert not AgentRequest.objects.exists()
+
+    # The same send with a webhook and no config id, three times (a client retrying): one task, one webhook.
+    tasks = {send("m-push", taskPushNotificationConfig={"url": "https://hook.example/"})["result"]["task"]["id"]
+             for _ in range(3)}  # fmt: skip
+    assert len(tasks) == 1 and PushConfig.objects.filter(request_id=tasks.pop()).count() == 1
+
+
+def test_a_page_token_past_any_offset_is_refused(web_server: WebServer, cast: Cast) -> None:
+    answer = post(web_server, cast, rpc("ListTasks", {"pageToken": "9" * 30}), V1).json()
+    assert answer["error"]["code"] == -32602 and "pageToken" in answer["error"]["message"]
