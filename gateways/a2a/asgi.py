@@ -67,7 +67,7 @@ def authorize(saga_id: str, name: str, key: str | None) -> Caller | JSONResponse
         sender = Collaborator.objects.filter(saga_id=agent.saga_id, user=token.user).select_related("user").first()
         if sender is None:  # an outsider learns nothing, not even that the agent exists
             return not_found()
-        return Caller(sender=sender, agent=agent)
+        return Caller(sender=sender, agent=agent, token_id=token.pk)
     finally:
         release_connections()
 

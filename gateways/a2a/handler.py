@@ -36,6 +36,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
+from accounts.models import ApiToken
 from gateways.a2a import conversation, history, mapping, push
 from gateways.a2a.mapping import SETTLED, TERMINAL, task_of
 from sagas import actions, errors
@@ -56,6 +57,7 @@ class Caller:
 
     sender: Collaborator
     agent: Collaborator
+    token_id: int | None = None  # the API token it authenticated with: a stream ends once it is revoked
 
 
 def caller_of(context: ServerCallContext) -> Caller:
@@ -378,6 +380,13 @@ class KernelRequestHandler(RequestHandler):
         raise ExtendedAgentCardNotConfiguredError
 
 
+def still_allowed(caller: Caller) -> bool:
+    """What authorized the stream still holds: its token, and the agent's exposure (checked at each
+    re-check, as a REST wait checks its token)."""
+    token_holds = caller.token_id is None or ApiToken.objects.filter(pk=caller.token_id).exists()
+    return token_holds and Collaborator.objects.filter(pk=caller.agent.pk, exposed=True).exists()
+
+
 async def follow(caller: Caller, request_id: str, *, history_length: int | None = None) -> AsyncGenerator[Event]:
     """A task's events: the task as it stands, then a status update for each change of state
     (working when the agent takes it up, input-required when it asks back), the reply as an
@@ -392,6 +401,8 @@ async def follow(caller: Caller, request_id: str, *, history_length: int | None 
         state = view.state
         while state not in SETTLED:
             await bell.ring_or_timeout(FOLLOW_RECHECK_S)
+            if not await in_thread(still_allowed, caller):
+                raise InvalidRequestError(message="The caller's token was revoked, or the agent is no longer exposed.")
             view = await in_thread(snapshot, request_id)
             if view.state == state:
                 continue

@@ -67,10 +67,12 @@ def failure(exc: errors.KernelError) -> CallToolResult:
     )
 
 
-async def wait_for_reply(request_id: str) -> dict[str, Any]:
-    # Subscribe first, then read: a reply committed between the two still rings or is read.
+async def wait_for_reply(key: str, request_id: str) -> dict[str, Any]:
+    # Subscribe first, then read: a reply committed between the two still rings or is read. Each
+    # re-check looks for the caller's token first: a revoked one ends the wait (AuthenticationFailed).
     async with Doorbell(request_channel(request_id)) as bell:
         while True:
+            await kernel(ops.principal, key)
             outcome = await kernel(ops.wait_check, request_id)
             if isinstance(outcome, dict):
                 return outcome
@@ -87,6 +89,7 @@ async def steering_after(key: str, after: int, wait_s: float) -> dict[str, Any]:
     try:
         async with Doorbell(steering_channel(collaborator_id)) as bell:
             while True:
+                user = await kernel(ops.principal, key)  # a token revoked meanwhile ends the wait
                 _, page = await kernel(ops.read_steering, user, after=after)
                 left = until - time.monotonic()
                 if page["items"] or left <= 0:
@@ -153,7 +156,7 @@ def build_server(principal: Principal) -> MCPServer:
             )  # fmt: skip
             if request.mode != "wait":
                 return result(ops.pending(request.pk))
-            return result(await wait_for_reply(request.pk))
+            return result(await wait_for_reply(principal(ctx), request.pk))
         except errors.KernelError as exc:
             return failure(exc)
         finally:

@@ -2,16 +2,21 @@
 
 import http.client
 import json
+import threading
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 import pytest
+from django.db import connection
 
+from accounts.models import User
 from journal.models import JournalEvent
+from sagas import actions
 from sagas.models import AgentRequest
 from tests.gateways.mcp.conftest import Cast, data, error_code, http_client
-from tests.support import WebServer
+from tests.support import WebServer, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -131,3 +136,29 @@ def test_kernel_rules_hold_as_over_rest(web_server: WebServer, cast: Cast) -> No
         assert response.status == 401, response.read()
         assert response.getheader("www-authenticate", "").startswith("Bearer")
         conn.close()
+
+
+def test_a_wait_ends_once_its_token_is_revoked(web_server: WebServer, cast: Cast, alice: User) -> None:
+    """As a REST long-poll does: each re-check looks for the token; the reply that comes after is not
+    the revoked caller's to read."""
+
+    def revoke_once_waiting() -> None:
+        try:
+            wait_until(lambda: AgentRequest.objects.filter(type="t.wait").exists(), timeout=30, what="the wait")
+            actions.revoke_agent_token(saga=cast.saga, handle="agent:tester", by=alice)
+        finally:
+            connection.close()
+
+    async def scenario() -> Any:
+        async with http_client(web_server.url, cast.tokens["tester"]) as tester:
+            wait = {"to": "agent:coder", "type": "t.wait", "payload": {}, "mode": "wait", "timeout_s": 60}
+            return await tester.call_tool("ask_agent", wait)
+
+    revoker = threading.Thread(target=revoke_once_waiting)
+    revoker.start()
+    try:
+        started = time.monotonic()
+        answer = anyio.run(scenario)
+    finally:
+        revoker.join(timeout=30)
+    assert error_code(answer) == "authentication_failed" and time.monotonic() - started < 30

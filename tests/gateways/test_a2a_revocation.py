@@ -1,0 +1,58 @@
+"""An open A2A stream ends once what authorized it is gone, as a REST long-poll does: the caller's
+token revoked, or the agent no longer exposed. What the agent answers after is not streamed."""
+
+import json
+import threading
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from accounts.models import User
+from sagas import actions
+from tests.gateways.conftest import Cast
+from tests.support import WebServer, wait_until
+
+pytestmark = pytest.mark.integration
+
+HEADERS = {"A2A-Version": "1.0", "Content-Type": "application/json"}
+
+
+def call(method: str, params: dict[str, object]) -> dict[str, object]:
+    return {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+
+
+@pytest.mark.parametrize(
+    "withdraw",
+    [
+        lambda cast, alice: actions.revoke_agent_token(saga=cast.saga, handle="agent:ext", by=alice),
+        lambda cast, alice: actions.set_exposed(saga=cast.saga, handle="agent:slow", exposed=False, by=alice),
+    ],
+    ids=["token revoked", "exposure withdrawn"],
+)
+def test_a_stream_ends_once_its_authorization_is_withdrawn(
+    web_server: WebServer, cast: Cast, alice: User, withdraw: Callable[[Cast, User], object]
+) -> None:
+    url, auth = cast.agent_url(web_server.url, "slow"), {"Authorization": f"Bearer {cast.ext_token}", **HEADERS}
+    message = {"messageId": "rev-1", "role": "ROLE_USER", "parts": [{"text": "Think it over."}]}
+    sent = httpx.post(url, json=call("SendMessage", {"message": message, "configuration": {"returnImmediately": True}}),
+                      headers=auth, timeout=30).json()  # fmt: skip
+    task_id = sent["result"]["task"]["id"]
+    events: list[dict[str, object]] = []
+
+    def subscribe() -> None:
+        body = call("SubscribeToTask", {"id": task_id})
+        with httpx.stream("POST", url, json=body, headers=auth, timeout=30) as stream:
+            events.extend(json.loads(line[5:]) for line in stream.iter_lines() if line.startswith("data:"))
+
+    reader = threading.Thread(target=subscribe)
+    reader.start()
+    try:
+        wait_until(lambda: bool(events), timeout=30, what="the stream's first event")
+        withdraw(cast, alice)
+        reader.join(timeout=20)
+        assert not reader.is_alive(), "the stream outlived its authorization"
+    finally:
+        reader.join(timeout=30)
+    actions.reply_to_request(request_id=task_id, by=cast.slow.user, payload={"secret": "after"})
+    assert "error" in events[-1] and "after" not in json.dumps(events)
