@@ -9,6 +9,7 @@ database connection (`release_connections`)."""
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,7 +35,22 @@ class WaitSlot:
 
     keys: tuple[str, str]
     member: str
+    lapse_s: float = 0.0  # how long it is counted unless renewed (a process that died holds it no longer)
     released: bool = False
+
+    def renew(self) -> None:
+        """Count it for another `lapse_s`: for a wait with no end of its own (an A2A stream)."""
+        if self.released:
+            return
+        expires = time.time() + self.lapse_s
+        try:
+            with slot_client().pipeline(transaction=False) as pipe:
+                for key in self.keys:
+                    pipe.zadd(key, {self.member: expires}, xx=True)
+                    pipe.expireat(key, math.ceil(expires))
+                pipe.execute()
+        except (RedisError, OSError) as exc:
+            logger.info("could not renew wait slot %s: %s", self.member, exc)
 
     def release(self) -> None:
         if self.released:
@@ -79,9 +95,9 @@ def hold_wait(collaborator: Collaborator) -> WaitSlot:
     `too_many_waits` (429). Taken before anything is written; a slot whose process died lapses
     after the longest possible wait. Without Redis nobody holds a connection, so nothing is capped."""
     keys = (f"agora:waits:agent:{collaborator.pk}", f"agora:waits:saga:{collaborator.saga_id}")
-    slot = WaitSlot(keys=keys, member=uuid.uuid4().hex)
-    now = time.time()
     lapse = max(settings.AGORA_MAX_WAIT_S, settings.AGORA_STEERING_POLL_MAX_S) + 60
+    slot = WaitSlot(keys=keys, member=uuid.uuid4().hex, lapse_s=lapse)
+    now = time.time()
     caps = (settings.AGORA_MAX_WAITS_PER_AGENT, settings.AGORA_MAX_WAITS_PER_SAGA)
     try:
         full = slot_client().eval(_TAKE_SLOT, 2, *keys, now, now + lapse, slot.member, *caps)

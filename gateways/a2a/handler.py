@@ -11,6 +11,7 @@ memory queues; here the work is a durable request run by Celery workers, so the 
 from the database and any web process can answer for any task.
 """
 
+import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ T = TypeVar("T")
 CALLER = "agora.caller"
 PAGE_SIZE, MAX_PAGE_SIZE = 50, 100
 RECHECK_S = 1.0  # how long a lost ring can delay a blocking send
+SLOT_RENEW_S = 30.0  # a stream renews its wait slot this often (a slot lapses after 60 s at the least)
 FOLLOW_RECHECK_S = 0.5  # how late a stream may learn that the agent took the task up (no ring for that)
 
 
@@ -327,7 +329,7 @@ class KernelRequestHandler(RequestHandler):
         slot = await in_thread(hold_wait, caller.sender)
         try:
             request = await in_thread(send, caller, params, mode=AgentRequest.Mode.ASYNC)
-            async for event in follow(caller, request.pk, history_length=history):
+            async for event in follow(caller, request.pk, history_length=history, slot=slot):
                 yield event
         finally:
             await release(slot)
@@ -341,7 +343,7 @@ class KernelRequestHandler(RequestHandler):
             raise UnsupportedOperationError(message=f"Task {request.pk} is {request.status}: nothing more will come.")
         slot = await in_thread(hold_wait, caller.sender)
         try:
-            async for event in follow(caller, request.pk):
+            async for event in follow(caller, request.pk, slot=slot):
                 yield event
         finally:
             await release(slot)
@@ -387,7 +389,9 @@ def still_allowed(caller: Caller) -> bool:
     return token_holds and Collaborator.objects.filter(pk=caller.agent.pk, exposed=True).exists()
 
 
-async def follow(caller: Caller, request_id: str, *, history_length: int | None = None) -> AsyncGenerator[Event]:
+async def follow(
+    caller: Caller, request_id: str, *, history_length: int | None = None, slot: WaitSlot | None = None
+) -> AsyncGenerator[Event]:
     """A task's events: the task as it stands, then a status update for each change of state
     (working when the agent takes it up, input-required when it asks back), the reply as an
     artifact, the final status. It closes at a terminal or interrupted state, as the spec says.
@@ -399,8 +403,12 @@ async def follow(caller: Caller, request_id: str, *, history_length: int | None 
         view = await in_thread(settled_view, request_id, history_length)
         yield view.task(history_length=history_length)
         state = view.state
+        renew_at = time.monotonic() + SLOT_RENEW_S
         while state not in SETTLED:
             await bell.ring_or_timeout(FOLLOW_RECHECK_S)
+            if slot is not None and time.monotonic() >= renew_at:  # a stream may last longer than a slot
+                await in_thread(slot.renew)
+                renew_at = time.monotonic() + SLOT_RENEW_S
             if not await in_thread(still_allowed, caller):
                 raise InvalidRequestError(message="The caller's token was revoked, or the agent is no longer exposed.")
             view = await in_thread(snapshot, request_id)

@@ -2,13 +2,14 @@
 waits in progress, each refused at the boundary with a stable code (429)."""
 
 import time
+from types import SimpleNamespace
 
 import pytest
 from django.conf import LazySettings
 from redis import Redis
 
 from accounts.models import User
-from sagas import errors
+from sagas import errors, waits
 from sagas.actions import NewAgent, add_agent, add_agents, answer_human_request, ask_human
 from sagas.models import AgentRequest, Collaborator, HumanRequest
 from sagas.waits import hold_wait
@@ -175,3 +176,21 @@ def test_a_wait_over_the_cap_is_refused_before_anything_is_written(team: Team, s
     # A wait that ends gives its slot back: two long-polls in a row both run.
     assert api.get("/api/v1/steering/?wait=0.05").status_code == 200
     assert api.get("/api/v1/steering/?wait=0.05").status_code == 200
+
+
+def test_a_renewed_wait_is_counted_past_its_first_lapse(
+    team: Team, settings: LazySettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wait with no end of its own (an A2A stream) renews its slot: a lapsed slot no longer counts,
+    so without renewal a stream older than the lapse would let the cap be passed."""
+    settings.AGORA_MAX_WAITS_PER_AGENT = 1
+    now = [time.time()]
+    monkeypatch.setattr(waits, "time", SimpleNamespace(time=lambda: now[0], monotonic=time.monotonic))
+    stream, plain = hold_wait(team["coder"]), hold_wait(team["lead"])
+    now[0] += stream.lapse_s - 1
+    stream.renew()
+    now[0] += 2  # past the first lapse of both
+    with pytest.raises(errors.TooManyWaits):
+        hold_wait(team["coder"])  # the renewed one still counts
+    hold_wait(team["lead"])  # the one not renewed lapsed: its place is free
+    plain.release()
