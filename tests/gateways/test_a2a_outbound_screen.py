@@ -48,8 +48,14 @@ class Recorder(BaseHTTPRequestHandler):
 @pytest.fixture
 def servers() -> Iterator[tuple[str, str, type[Recorder]]]:
     """A "public" remote agent whose card names a "private" server as its messages' address."""
-    private_handler = type("Private", (Recorder,), {"seen": []})
-    public_handler = type("Public", (Recorder,), {"seen": []})
+
+    class Private(Recorder):
+        seen: list[tuple[str, str, str | None]] = []
+
+    class Public(Recorder):
+        seen: list[tuple[str, str, str | None]] = []
+
+    private_handler, public_handler = Private, Public
     private = ThreadingHTTPServer(("127.0.0.1", 0), private_handler)
     public = ThreadingHTTPServer(("127.0.0.1", 0), public_handler)
     private_url = f"http://127.0.0.1:{private.server_port}/admin/"
