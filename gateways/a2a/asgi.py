@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from accounts.authentication import authenticate_key
+from config.bodies import within_limit
 from config.payloads import MalformedJson, Unstorable, loads
 from gateways.a2a.cards import card_dict, exposed_agent, host_agent
 from gateways.a2a.handler import CALLER, Caller, KernelRequestHandler
@@ -200,7 +201,7 @@ def with_gateway(django_app: Any) -> Any:
         elif (refused := refusal(scope)) is not None:
             await refused(scope, receive, send)
         else:
-            await app(scope, receive, send)
+            await within_limit(app, scope, receive, send)
 
     return http
 

@@ -19,6 +19,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
+from config.bodies import within_limit
 from gateways.mcp import operations
 from gateways.mcp.server import build_server
 from sagas import errors
@@ -106,8 +107,12 @@ class McpEndpoint:
                 ((b"www-authenticate", b'Bearer error="invalid_token"'),),
             )
             return
+        if scope.get("method") == "GET":  # a stream for messages from the server: this one sends none
+            await respond(send, 405, {"error": "method_not_allowed", "error_description": "POST your calls."},
+                          ((b"allow", b"POST"),))  # fmt: skip
+            return
         await self.running()
-        await self.manager.handle_request(scope, receive, send)
+        await within_limit(self.manager.handle_request, scope, receive, send)
 
 
 def mounted(app: Any) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.conf import LazySettings
 
 from gateways.a2a.models import PushConfig
 from sagas.models import AgentRequest
@@ -99,3 +100,13 @@ def test_a_send_refused_for_its_webhook_or_its_message_id_creates_no_task(web_se
 def test_a_page_token_past_any_offset_is_refused(web_server: WebServer, cast: Cast) -> None:
     answer = post(web_server, cast, rpc("ListTasks", {"pageToken": "9" * 30}), V1).json()
     assert answer["error"]["code"] == -32602 and "pageToken" in answer["error"]["message"]
+
+
+def test_a_body_past_the_limit_is_refused_before_it_is_read_whole(
+    web_server: WebServer, cast: Cast, settings: LazySettings
+) -> None:
+    big = rpc("SendMessage", {"message": {**SEND["message"], "parts": [{"text": "x" * 400_000}]}})
+    assert len(big) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE  # the server's, from the same settings
+    response = post(web_server, cast, big, V1)
+    assert response.status_code == 413 and response.json()["code"] == "payload_too_large"
+    assert not AgentRequest.objects.exists()

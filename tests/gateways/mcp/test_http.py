@@ -127,6 +127,20 @@ def test_kernel_rules_hold_as_over_rest(web_server: WebServer, cast: Cast) -> No
     conn.close()
     assert answer["result"]["isError"] is True and "wait_s" in answer["result"]["content"][0]["text"]
 
+    # A GET (a stream for messages from the server, which sends none) is refused at once, and a body
+    # past the limit before it is read whole.
+    bearer = {"Authorization": f"Bearer {cast.tokens['tester']}", "Accept": "application/json, text/event-stream"}
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    conn.request("GET", "/mcp", headers=bearer)
+    assert conn.getresponse().status == 405
+    conn.close()
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    conn.request("POST", "/mcp", body=call + b'{"wait_s": 0, "pad": "' + b"x" * 400_000 + b'"}}}',
+                 headers={"Content-Type": "application/json", **bearer})  # fmt: skip
+    too_large = conn.getresponse()
+    assert too_large.status == 413 and json.loads(too_large.read())["code"] == "payload_too_large"
+    conn.close()
+
     # Authentication: a call without an agent's valid API token is refused before any tool runs.
     for headers in ({}, {"Authorization": "Bearer not-a-token"}):
         conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)

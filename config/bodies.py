@@ -1,0 +1,51 @@
+"""Django's limit on a request body (DATA_UPLOAD_MAX_MEMORY_SIZE), for the ASGI apps beside it (the
+A2A and MCP gateways), which read their bodies whole: past the limit, 413 `payload_too_large` before
+the app sees a byte, as the REST API answers (config/parsers.py)."""
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from django.conf import settings
+
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+
+
+async def within_limit(app: Any, scope: Any, receive: Receive, send: Send) -> None:
+    """Run `app` with the request's body read first, counted as it arrives; past the limit it gets
+    no call. Whatever comes after the body (a disconnect) still reaches the app."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return  # the client left before its body was whole
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            await too_large(send, limit)
+            return
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    body: dict[str, Any] | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+    async def replay() -> dict[str, Any]:
+        nonlocal body
+        if body is not None:
+            message, body = body, None
+            return message
+        return await receive()
+
+    await app(scope, replay, send)
+
+
+async def too_large(send: Send, limit: int) -> None:
+    detail = f"Limit is {limit} bytes for a request body."
+    data = json.dumps({"type": "about:blank", "title": "Payload too large", "status": 413,
+                       "code": "payload_too_large", "detail": detail}).encode()  # fmt: skip
+    headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
