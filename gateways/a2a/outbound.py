@@ -162,6 +162,14 @@ def headers_for(token_env: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def remote_http(token_env: str) -> httpx.AsyncClient:
+    """The HTTP client of one exchange with a remote agent: its token, its timeout, and every request
+    screened (unless private addresses are allowed), not only the allowed URL: the agent's card names
+    the address its messages go to, and a card may name a private one."""
+    hooks = {} if settings.AGORA_A2A_REMOTE_PRIVATE_URLS else {"request": [screen]}
+    return httpx.AsyncClient(headers=headers_for(token_env), timeout=HTTP_TIMEOUT_S, event_hooks=hooks)
+
+
 async def screen(request: httpx.Request) -> None:
     """Refuse a request to anything but a public address (checked when a manager allowed the agent,
     and again at each request: a name may resolve elsewhere since, and its card may name another)."""
@@ -179,13 +187,10 @@ def screened_out(exc: BaseException) -> "Refused | None":
 
 async def exchange(call: RemoteCall, token_env: str) -> pb.Task:
     """Send the call's message (return at once), or read its remote task: one exchange."""
-    headers = headers_for(token_env)
-    # Every request is screened, not only the allowed URL: the agent card names the address the
-    # messages go to, and a card may name a private one.
-    hooks = {} if settings.AGORA_A2A_REMOTE_PRIVATE_URLS else {"request": [screen]}
+    remote = remote_http(token_env)
     try:
         try:
-            async with httpx.AsyncClient(headers=headers, timeout=HTTP_TIMEOUT_S, event_hooks=hooks) as http:
+            async with remote as http:
                 client = await create_client(call.url, ClientConfig(httpx_client=http, streaming=False))
                 try:
                     if call.task_id:
@@ -236,7 +241,7 @@ def cancel_quietly(call: RemoteCall, token_env: str) -> None:
     """At the deadline, ask the remote agent to stop the task (what it answers changes nothing)."""
 
     async def cancel() -> None:
-        async with httpx.AsyncClient(headers=headers_for(token_env), timeout=HTTP_TIMEOUT_S) as http:
+        async with remote_http(token_env) as http:
             client = await create_client(call.url, ClientConfig(httpx_client=http, streaming=False))
             try:
                 await client.cancel_task(pb.CancelTaskRequest(id=call.task_id))

@@ -103,3 +103,21 @@ def test_with_private_addresses_allowed_the_card_is_followed(
 
     assert task.status.state == pb.TaskState.TASK_STATE_COMPLETED
     assert private.seen == [("POST", "/admin/", "Bearer the-remote's-secret")]
+
+
+def test_the_cancel_at_the_deadline_is_screened_too(
+    servers: tuple[str, str, type[Recorder]], settings: LazySettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    public_url, _, private = servers
+    settings.AGORA_A2A_REMOTE_PRIVATE_URLS = False
+
+    async def public_only(url: str) -> bool:
+        return url.startswith(public_url)
+
+    monkeypatch.setattr(outbound, "validate_push_notification_url", public_only)
+    monkeypatch.setenv(TOKEN_ENV, "the-remote's-secret")
+    call = RemoteCall(id="call-1", url=public_url, agent_name="evil", message="hi", task_id="t-1")
+
+    outbound.cancel_quietly(call, TOKEN_ENV)  # what the remote answers changes nothing: it only logs
+
+    assert private.seen == []
