@@ -123,10 +123,10 @@ def submit_prompt(
 
 def first_prompt(saga: Saga, by: User, idempotency_key: str, digest: str) -> Prompt | None:
     """The prompt a key was first used for, if any; `idempotency_conflict` when for another body."""
-    first = Prompt.objects.filter(saga=saga, submitted_by=by, idempotency_key=idempotency_key).first()
-    if first is not None and first.body_hash != digest:
-        raise errors.IdempotencyConflict("This Idempotency-Key was used for another prompt.")
-    return first
+    return actions.first_for_key(
+        Prompt.objects.filter(saga=saga, submitted_by=by, idempotency_key=idempotency_key), digest,
+        conflict="This Idempotency-Key was used for another prompt.",
+    )  # fmt: skip
 
 
 BRAIN_FIELDS = {f.name for f in Brain._meta.get_fields()} - {"id", "updated_at", "prompts"}

@@ -17,14 +17,13 @@ from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_1_0
 from a2a.utils.errors import InvalidParamsError
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http.request import split_domain_port, validate_host
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from accounts.authentication import authenticate_key
-from config.bodies import within_limit
+from config.edge import headers_of, host_allowed, within_limit
 from config.payloads import MalformedJson, Unstorable, loads
 from gateways.a2a.cards import card_dict, exposed_agent, host_agent
 from gateways.a2a.handler import CALLER, Caller, KernelRequestHandler
@@ -209,9 +208,7 @@ def with_gateway(django_app: Any) -> Any:
 def refusal(scope: dict[str, Any]) -> JSONResponse | None:
     """What Django refuses before any view, refused here too: a Host not in ALLOWED_HOSTS (a card
     names the host it was asked on), and a path with a NUL (no database stores one)."""
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-    domain, _ = split_domain_port(headers.get("host", ""))
-    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+    if not host_allowed(headers_of(scope)):
         return problem(400, "invalid_host", "Bad request", "Host not allowed.")
     if "\x00" in scope["path"]:
         return problem(400, "invalid_payload", "Invalid payload", "The path contains a NUL character.")

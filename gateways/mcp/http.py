@@ -13,13 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
-from django.http.request import split_domain_port, validate_host
 from mcp.server.mcpserver import Context
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
-from config.bodies import within_limit
+from config.edge import headers_of, host_allowed, within_limit
 from gateways.mcp import operations
 from gateways.mcp.server import build_server
 from sagas import errors
@@ -94,9 +92,8 @@ class McpEndpoint:
             await asyncio.Event().wait()  # for the life of the process
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        domain, _ = split_domain_port(headers.get("host", ""))
-        if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+        headers = headers_of(scope)
+        if not host_allowed(headers):
             await respond(send, 400, {"error": "invalid_host", "error_description": "Host not allowed."})
             return
         if not await sync_to_async(authenticated)(bearer_key(headers)):

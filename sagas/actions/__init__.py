@@ -8,7 +8,7 @@ from sagas.actions.followups import follow_up_request
 from sagas.actions.human_forms import answer_human_request, ask_human, visible_human_request
 from sagas.actions.lifecycle import create_saga, create_saga_once, finish_saga
 from sagas.actions.locking import saga_transaction
-from sagas.actions.payloads import body_hash
+from sagas.actions.payloads import body_hash, first_for_key
 from sagas.actions.remote import (
     allow_remote_agent,
     call_remote_agent,
@@ -59,6 +59,7 @@ from sagas.actions.steering import (
     unread_ahead,
 )
 from sagas.actions.teams import (
+    BUDGET_MAX,
     broadcast,
     configure_team,
     count_team_tokens,
@@ -77,6 +78,7 @@ from sagas.actions.teams import (
 from sagas.actions.tokens import revoke_agent_token, rotate_agent_token
 
 __all__ = [
+    "BUDGET_MAX",
     "Claimed",
     "NewAgent",
     "add_agent",
@@ -114,6 +116,7 @@ __all__ = [
     "find_teammate",
     "finish_run",
     "finish_saga",
+    "first_for_key",
     "follow_up_request",
     "get_request_for",
     "idle_teammate_ids",

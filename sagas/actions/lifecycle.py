@@ -11,7 +11,7 @@ from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id
 from sagas.actions.human_forms import cancel_forms
 from sagas.actions.locking import lock_saga
-from sagas.actions.payloads import body_hash, check_goal
+from sagas.actions.payloads import body_hash, check_goal, first_for_key
 from sagas.actions.requests import Status, close_request, settle
 from sagas.actions.runs import finish_run
 from sagas.actions.teams import shutdown_team
@@ -31,10 +31,12 @@ def create_saga_once(
     if not idempotency_key:
         return create_saga(title=title, goal=goal, policy=policy, owner=owner), True
     for _ in range(2):
-        first = Saga.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
+        first = first_for_key(
+            Saga.objects.filter(owner=owner, idempotency_key=idempotency_key),
+            saga_body_hash(title, goal, policy),
+            conflict="This Idempotency-Key was used for another saga.",
+        )
         if first is not None:
-            if first.body_hash != saga_body_hash(title, goal, policy):
-                raise errors.IdempotencyConflict("This Idempotency-Key was used for another saga.")
             return first, False
         try:
             with transaction.atomic():

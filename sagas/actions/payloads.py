@@ -2,11 +2,16 @@
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.conf import settings
 
 from sagas import errors
+
+if TYPE_CHECKING:
+    from django.db.models import Model, QuerySet
+
+M = TypeVar("M", bound="Model")
 
 
 def payload_size(payload: Any) -> int:
@@ -16,6 +21,15 @@ def payload_size(payload: Any) -> int:
 def body_hash(**body: Any) -> str:
     """What an Idempotency-Key was first used for: a retry with another body is a conflict."""
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def first_for_key(rows: "QuerySet[M]", digest: str, *, conflict: str) -> M | None:
+    """The row an Idempotency-Key was first used for (`rows`: the caller's rows with that key), if
+    any; `idempotency_conflict` (with `conflict`) when it was for another body (its `body_hash`)."""
+    first = rows.first()
+    if first is not None and first.body_hash != digest:  # type: ignore[attr-defined]
+        raise errors.IdempotencyConflict(conflict)
+    return first
 
 
 def check_payload(payload: Any, *, field: str = "payload") -> None:

@@ -28,7 +28,7 @@ from sagas import errors
 from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id
 from sagas.actions.locking import lock_open_saga, lock_saga, rings_early
-from sagas.actions.payloads import body_hash, check_payload
+from sagas.actions.payloads import body_hash, check_payload, first_for_key
 from sagas.metrics import count_round_trips
 from sagas.models import AgentRequest, Broadcast, Collaborator, HumanRequest, Run, Saga, SteeringItem
 from sagas.wakeups import publish_after_commit, ring_run, steering_channel
@@ -290,12 +290,13 @@ def steer(
         raise errors.InvalidPayload("Steer agents; ask people through forms.", errors={"to": ["Not an agent."]})
     check_payload(message, field="message")
     sender, digest = actor_id(saga, by), body_hash(message=message)
-    if idempotency_key:
-        first = SteeringItem.objects.filter(recipient=to, sender=sender, idempotency_key=idempotency_key).first()
-        if first is not None:
-            if first.body_hash != digest:
-                raise errors.IdempotencyConflict("This Idempotency-Key was already used for another message.")
-            return first, False
+    if idempotency_key and (
+        first := first_for_key(
+            SteeringItem.objects.filter(recipient=to, sender=sender, idempotency_key=idempotency_key), digest,
+            conflict="This Idempotency-Key was already used for another message.",
+        )
+    ):  # fmt: skip
+        return first, False
     check_backlog(to)
     item = push_steering(recipient=to, kind=SteeringItem.Kind.MESSAGE, sender=sender, payload=message)
     if idempotency_key:

@@ -19,7 +19,7 @@ from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id, add_agent, find_collaborator
 from sagas.actions.human_forms import cancel_forms
 from sagas.actions.locking import lock_open_saga, lock_saga
-from sagas.actions.payloads import body_hash, check_payload
+from sagas.actions.payloads import body_hash, check_payload, first_for_key
 from sagas.actions.requests import Status, close_request, settle
 from sagas.actions.runs import finish_run
 from sagas.actions.steering import check_backlog, push_steering
@@ -179,12 +179,13 @@ def broadcast(*, lead: Collaborator, content: Any, by: User, idempotency_key: st
     check_payload(content, field="content")
     sender = actor_id(saga, by)
     digest = body_hash(content=content)
-    if idempotency_key:
-        first = Broadcast.objects.filter(team=team, sender=sender, idempotency_key=idempotency_key).first()
-        if first is not None:
-            if first.body_hash != digest:
-                raise errors.IdempotencyConflict("This Idempotency-Key was already used for a different broadcast.")
-            return first, False
+    if idempotency_key and (
+        first := first_for_key(
+            Broadcast.objects.filter(team=team, sender=sender, idempotency_key=idempotency_key), digest,
+            conflict="This Idempotency-Key was already used for a different broadcast.",
+        )
+    ):  # fmt: skip
+        return first, False
     mates = list(
         Collaborator.objects.filter(run__team=team)
         .exclude(run__status__in=Run.FINISHED)

@@ -14,7 +14,6 @@ from config.openapi import IDEMPOTENCY_KEY
 from config.params import idempotency_key
 from sagas import actions, errors
 from sagas.access import collaborator_card
-from sagas.actions.teams import BUDGET_MAX
 from sagas.api.serializers import CollaboratorOutput, Shape, one_of
 from sagas.api.views import ApiView, created_or_replayed, principal, problems, valid, visible_saga
 from sagas.models import Collaborator, Saga, SteeringItem, Team
@@ -54,10 +53,10 @@ class TeamOutput(Shape):
 
 
 class TeamBudgetsInput(Shape):
-    max_teammates = serializers.IntegerField(min_value=0, max_value=BUDGET_MAX["max_teammates"], required=False)
-    max_tokens = serializers.IntegerField(min_value=0, max_value=BUDGET_MAX["max_tokens"], required=False)
+    max_teammates = serializers.IntegerField(min_value=0, max_value=actions.BUDGET_MAX["max_teammates"], required=False)
+    max_tokens = serializers.IntegerField(min_value=0, max_value=actions.BUDGET_MAX["max_tokens"], required=False)
     idle_timeout_s = serializers.FloatField(
-        min_value=0, max_value=BUDGET_MAX["idle_timeout_s"], required=False, help_text="0: never."
+        min_value=0, max_value=actions.BUDGET_MAX["idle_timeout_s"], required=False, help_text="0: never."
     )
 
 

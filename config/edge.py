@@ -1,15 +1,27 @@
-"""Django's limit on a request body (DATA_UPLOAD_MAX_MEMORY_SIZE), for the ASGI apps beside it (the
-A2A and MCP gateways), which read their bodies whole: past the limit, 413 `payload_too_large` before
-the app sees a byte, as the REST API answers (config/parsers.py)."""
+"""What Django checks at the edge of a request, for the ASGI apps beside it (the A2A and MCP
+gateways): the Host against ALLOWED_HOSTS, and the limit on a request body
+(DATA_UPLOAD_MAX_MEMORY_SIZE), which they read whole: past it, 413 `payload_too_large` before the app
+sees a byte, as the REST API answers (config/parsers.py)."""
 
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
+
+
+def headers_of(scope: Any) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+def host_allowed(headers: dict[str, str]) -> bool:
+    """Whether the request's Host is one of ALLOWED_HOSTS, as Django decides it."""
+    domain, _ = split_domain_port(headers.get("host", ""))
+    return bool(domain) and validate_host(domain, settings.ALLOWED_HOSTS)
 
 
 async def within_limit(app: Any, scope: Any, receive: Receive, send: Send) -> None:
