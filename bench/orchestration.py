@@ -215,6 +215,7 @@ def timeline(prompt: Any) -> dict[str, Any]:
             slot[e.type] = e.created_at.timestamp() * 1000
         elif e.type == "llm_call":
             slot["model_ms"] = slot.get("model_ms", 0.0) + e.data["latency_ms"]
+            slot.setdefault("call_ended", e.created_at.timestamp() * 1000)  # recorded as the call's answer is stored
     lead = f"agent:{prompt.lead_name}"
     primary_start = by_actor[f"agent:{primary}"]["worker_start"]
     support = [v for k, v in by_actor.items() if k.startswith(lead + ".") and k != f"agent:{primary}"]
@@ -225,6 +226,9 @@ def timeline(prompt: Any) -> dict[str, Any]:
         "support_overhead": primary_start - at["plan.created"] - slowest_model,
         "primary_overhead": at["prompt.completed"] - primary_start - by_actor[f"agent:{primary}"].get("model_ms", 0.0),
         "per_worker": [w["worker_end"] - w["worker_start"] - w.get("model_ms", 0.0) for w in support],
+        # The same in two parts: up to its model call, and from the call's answer to its worker_end.
+        "worker_before": [w["call_ended"] - w["model_ms"] - w["worker_start"] for w in support if "call_ended" in w],
+        "worker_after": [w["worker_end"] - w["call_ended"] for w in support if "call_ended" in w],
         # The support step's two doorbell hops: the workers' first turns start, the primary starts.
         "dispatch": min(w["worker_start"] for w in support) - at["plan.created"],
         "collect": primary_start - max(w["worker_end"] for w in support),
@@ -235,6 +239,8 @@ LABELS = {
     "dispatch": "  of which plan.created → first worker_start",
     "collect": "  of which last worker_end → primary start",
     "worker": "per worker (worker_start → worker_end)",
+    "worker_before": "  of which before its model call",
+    "worker_after": "  of which after it, to worker_end",
 }
 
 
@@ -322,7 +328,8 @@ class Results:
     def __init__(self) -> None:
         self.phases: dict[tuple[int, int], list[float]] = {}
         self.overheads: dict[str, list[float]] = {
-            "routing": [], "support": [], "dispatch": [], "collect": [], "primary": [], "worker": []
+            "routing": [], "support": [], "dispatch": [], "collect": [], "primary": [], "worker": [],
+            "worker_before": [], "worker_after": [],
         }  # fmt: skip
         self.support_per_worker: dict[int, list[float]] = {}  # by N
         self.worker_by_n: dict[int, list[float]] = {}  # per worker, by N
@@ -337,6 +344,8 @@ class Results:
             for step in ("dispatch", "collect"):
                 self.overheads[step].append(t[step])
             self.overheads["worker"] += t["per_worker"]
+            self.overheads["worker_before"] += t["worker_before"]
+            self.overheads["worker_after"] += t["worker_after"]
             self.worker_by_n.setdefault(n, []).extend(t["per_worker"])
             self.support_per_worker.setdefault(n, []).append(t["support_overhead"] / n)
 
