@@ -26,7 +26,7 @@ from agents.models import AgentProfile
 from agents.orchestrator import starts
 from agents.orchestrator.models import Prompt
 from agents.orchestrator.tasks import advance_after, is_brain_worker, read_ahead
-from agents.providers import Completion, ProviderError, is_scripted, provider_for
+from agents.providers import Completion, ProviderError, once_sent, provider_for
 from agents.tools import Call, execute, schemas
 from agents.transcripts import Transcript, keep_transcript, take_transcript
 from config import metrics
@@ -72,10 +72,11 @@ def run_one(run_id: str, *, worker: str = "", look_first: bool = False) -> None:
 def claim_turns(run_id: str, *, worker: str = "", look_first: bool = False) -> "Turns | None":
     """Claim the run's next turn and start it (start()), in a transaction of its own; or, called
     inside one (an orchestration step's, which has just created the run for this task), in that
-    one: one commit for both. None: a redelivered doorbell, or another worker holds the run.
-    `look_first`: see actions.claimed_run()."""
+    one: one commit for both. When the model call comes next (Turns.execute), that COMMIT goes
+    without waiting for its answer, which the call reads once its request is out; the step's
+    doorbells (its other workers) ring then. None: a redelivered doorbell, or another worker holds
+    the run. `look_first`: see actions.claimed_run()."""
     ahead = partial(transcripts.read_ahead, run_id)
-    alone = not connection.in_atomic_block
     with actions.claimed_run(
         _CLAIMED_RUN_SQL, run_id, AgentProfile, worker=worker, ahead=ahead, look_first=look_first
     ) as claimed:
@@ -83,8 +84,8 @@ def claim_turns(run_id: str, *, worker: str = "", look_first: bool = False) -> "
             return None
         turns = Turns(claimed, worker=worker)
         turns.go_on = turns.start()
-        if alone and turns.go_on and turns.pending is None:
-            commit_unawaited()  # the model call comes next (Turns.execute)
+        if turns.go_on and turns.pending is None:
+            commit_unawaited()
     return turns
 
 
@@ -102,7 +103,8 @@ def run_claimed(turns: "Turns") -> None:
         logger.info("run %s: turn %s is another worker's; stopping", turns.run.pk, turns.turn)
     finally:
         try:
-            await_commit()  # left unread only when the turn stopped on an error before its next statement
+            if not here:  # else the next run's model call reads it, the COMMIT of the step that claimed it
+                await_commit()  # left unread only when the turn stopped on an error before its next statement
         except DatabaseError:
             logger.exception("run %s: the COMMIT before its model call failed", turns.run.pk)
         heartbeat().remove(turns)
@@ -160,6 +162,7 @@ class Turns:
         self.mcp = mcp.RunTools(run.pk, profile.mcp_servers if profile else [])
         self.delegator = f"{kind}:{name}" if kind else ""  # who handed this run its task, if someone did
         self.transcript_ahead = claimed.ahead  # what the claim read of the transcript (transcripts.read_ahead)
+        self.commit_error: Exception | None = None  # what reading a COMMIT's answer during a call raised
 
     # --- the shape of a turn ----------------------------------------------------------------
 
@@ -445,30 +448,49 @@ class Turns:
                     "model_skipped", {"role": self.profile.role, "model": model, "lacks": self.profile.requires}
                 )
                 continue
-            if not is_scripted(model):  # the call leaves the process: what led to it is committed first
-                self.committed()
             started = time.perf_counter()
             try:
-                completion = provider_for(model, self.profile.endpoint).complete(
-                    model=model, messages=history, tools=tools
-                )
+                with once_sent(self.commit_meanwhile):
+                    completion = provider_for(model, self.profile.endpoint).complete(
+                        model=model, messages=history, tools=tools
+                    )
             except ProviderError as exc:
+                self.committed()
                 self.journal(
                     "model_fallback",
                     {"role": self.profile.role, "model": model, "error_class": exc.error_class,
                      "retryable": exc.retryable, "error": str(exc)[:500]},
                 )  # fmt: skip
                 continue
-            return completion, round((time.perf_counter() - started) * 1000, 1)
+            latency_ms = round((time.perf_counter() - started) * 1000, 1)
+            self.committed()
+            return completion, latency_ms
         return None, 0.0
+
+    def commit_meanwhile(self) -> None:
+        """During a model call out of the process, once its request is out (providers.once_sent()):
+        the answer to the COMMIT sent before it, read while the model works, so that the call
+        starts one round trip sooner and the commit's hooks (the live view's `worker_start`) run
+        without waiting for the model. What it raises is kept for committed(), after the call:
+        raised inside the HTTP client, it would count as the model's failure. The call a failed
+        COMMIT leaves behind is dropped there (re-running a model call is allowed; none of the
+        turn's effects was made, and none is made twice)."""
+        try:
+            await_commit()
+        except Exception as exc:  # noqa: BLE001 (kept, and raised after the call by committed())
+            self.commit_error = exc
 
     def committed(self) -> None:
         """The answer to the COMMIT this task sent without waiting before its model call (the
-        claim's, or the last turn's: config.sql.commit_unawaited), where what follows must not
-        start before it is in: a call out of the process. The next statement reads it otherwise,
-        so a scripted model's call overlaps its round trip. A turn another worker took over in the
-        meantime stops here, as in a transaction of the turn (LostTurn)."""
+        claim's, or the last turn's: config.sql.commit_unawaited), if no statement read it yet: a
+        scripted model's call overlaps its round trip, a call out of the process reads it once its
+        request is out (commit_meanwhile()). Before an MCP connection, which may have effects of
+        its own, it is read first. A turn another worker took over in the meantime stops here, as
+        in a transaction of the turn (LostTurn)."""
+        error, self.commit_error = self.commit_error, None
         try:
+            if error is not None:
+                raise error
             await_commit()
         except DatabaseError as exc:
             if not actions.turn_lost(exc):

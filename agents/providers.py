@@ -4,6 +4,9 @@ trying again could help; the fallback loop catches only that."""
 import os
 import ssl
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Protocol
@@ -80,7 +83,7 @@ class OpenAICompatibleProvider:
         # The fallback chain is the retry policy: one attempt per candidate. The HTTP client is the
         # one the `openai` client would make (its defaults, DefaultHttpxClient), verifying with the
         # process's one TLS context.
-        http = openai.DefaultHttpxClient(verify=tls())
+        http = openai.DefaultHttpxClient(verify=tls(), event_hooks={"request": [traced]})
         self.client = openai.OpenAI(**endpoint_settings(endpoint), max_retries=0, http_client=http)
 
     def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
@@ -129,6 +132,35 @@ class ScriptedProvider:
         except scripted.UnknownPlaybook as exc:
             raise ProviderError(str(exc), retryable=False, error_class="UnknownPlaybook") from exc
         return Completion(model=model, content=content, tool_calls=calls)
+
+
+# What runs once a model call's request is out and its answer not yet read (once_sent()).
+_on_sent: ContextVar[Callable[[], None] | None] = ContextVar("on_sent", default=None)
+
+
+@contextmanager
+def once_sent(callback: Callable[[], None]) -> Iterator[None]:
+    """Run `callback` during the model calls made in this block, once each one's request is sent
+    and before its answer is read: work that may overlap the model's own time. It must not raise
+    (whatever it raised would fail the call as the provider's error)."""
+    token = _on_sent.set(callback)
+    try:
+        yield
+    finally:
+        _on_sent.reset(token)
+
+
+def traced(request: httpx2.Request) -> None:
+    """The HTTP client's request hook: under once_sent(), the callback runs at the transport's
+    `receive_response_headers.started` (the request is out; httpcore's `trace` extension)."""
+    if (callback := _on_sent.get()) is None:
+        return
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        if event.endswith("receive_response_headers.started"):
+            callback()
+
+    request.extensions["trace"] = trace
 
 
 @cache
