@@ -1,12 +1,15 @@
+import logging
 import os
+import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_shutdown, worker_ready
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready
 
 from config.liveness import WorkerBeat
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+logger = logging.getLogger(__name__)
 
 
 def celery_settings() -> dict[str, Any]:
@@ -44,6 +47,33 @@ def serve_metrics(sender: Any = None, **kwargs: Any) -> None:
     from config.metrics import start_worker_exporter  # here: `python -m config.metrics_dir` imports this package
 
     start_worker_exporter()
+
+
+@worker_process_init.connect
+def open_doorbells(**kwargs: Any) -> None:
+    """A pool process makes the thread that sends its live notifications and the channel layer they
+    go through (config/notify.py), and, on a thread of its own, connects to the broker and declares
+    the queue its doorbells go to, as it starts rather than at its first doorbell and first journal
+    event: those (most often a step ringing the support workers it has just started, before the
+    first of them calls its model) waited 10 to 25 ms for it all. The process does not wait for the
+    broker: one that does not answer is tried again at the first doorbell, as before."""
+    from channels.layers import get_channel_layer  # here: Django is not set up when this module loads
+
+    from config.notify import notifier
+
+    notifier()
+    get_channel_layer()
+    threading.Thread(target=connect_producer, name="open-doorbells", daemon=True).start()
+
+
+def connect_producer() -> None:
+    try:
+        with app.producer_pool.acquire(block=True) as producer:
+            if producer.connection is not None:  # once, not the transport's retries over seconds
+                producer.connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+            producer.maybe_declare(app.amqp.queues[app.conf.task_default_queue])
+    except Exception as exc:  # noqa: BLE001 (nothing waits for this thread)
+        logger.warning("could not connect to the broker yet: %s", exc)
 
 
 @worker_process_shutdown.connect
