@@ -124,8 +124,7 @@ def read_steering(user: User, *, after: int) -> tuple[int, dict[str, Any]]:
     if after < 0:
         raise errors.InvalidPayload("Bad cursor.", errors={"after": ["A non-negative integer."]})
     collaborator = me(user)
-    if SteeringItem.objects.filter(recipient=collaborator, seq__lte=after, consumed_at__isnull=True).exists():
-        actions.consume_steering(recipient=collaborator, upto_seq=after)
+    actions.acknowledge_steering(recipient=collaborator, upto_seq=after)
     items = SteeringItem.objects.filter(recipient=collaborator, seq__gt=after).select_related("request")
     page = [steering_item(item) for item in items.order_by("seq")[:STEERING_PAGE]]
     return collaborator.pk, {"items": page, "cursor": page[-1]["seq"] if page else after}

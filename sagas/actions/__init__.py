@@ -51,6 +51,7 @@ from sagas.actions.runs import (
     turn_lost,
 )
 from sagas.actions.steering import (
+    acknowledge_steering,
     consume_reply,
     consume_reply_ahead,
     consume_steering,
@@ -81,6 +82,7 @@ __all__ = [
     "BUDGET_MAX",
     "Claimed",
     "NewAgent",
+    "acknowledge_steering",
     "add_agent",
     "add_agents",
     "add_artifact",

@@ -158,6 +158,19 @@ def check_backlog(recipient: Collaborator) -> None:
         raise errors.TooManyPending(f"{recipient.handle} has {backlog} unread steering items.")
 
 
+def acknowledge_steering(*, recipient: Collaborator, upto_seq: int) -> None:
+    """An external agent's cursor (`after`, REST and MCP): its unread items up to it are read.
+    A cursor past its newest item is refused: none was handed out (each is an item's seq, or 0),
+    and it would acknowledge items never read and hide those that come until their seq passes it."""
+    items = SteeringItem.objects.filter(recipient=recipient)
+    if upto_seq > 0 and not items.filter(seq__gte=upto_seq).exists():
+        raise errors.InvalidPayload(
+            "Bad cursor: past your newest item.", errors={"after": ["The seq of an item you read, or 0."]}
+        )
+    if items.filter(seq__lte=upto_seq, consumed_at__isnull=True).exists():
+        consume_steering(recipient=recipient, upto_seq=upto_seq)
+
+
 # The turn's own steps (consume_steering, park_on_request, end_turn) join the caller's transaction
 # without a savepoint: a failure in one of them fails the turn whole.
 @transaction.atomic(savepoint=False)

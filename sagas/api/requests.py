@@ -178,7 +178,12 @@ class SteeringFeedApi(ApiView):
     @extend_schema(
         operation_id="steering_list",
         parameters=[
-            OpenApiParameter("after", AFTER, description="Items up to this seq are acknowledged (consumed)."),
+            OpenApiParameter(
+                "after",
+                AFTER,
+                description="Items up to this seq are acknowledged (consumed); a cursor past "
+                "your newest item is refused (400 `invalid_payload`).",
+            ),
             OpenApiParameter(
                 "wait",
                 {"type": "number", "minimum": 0},
@@ -195,8 +200,7 @@ class SteeringFeedApi(ApiView):
         me = Collaborator.objects.filter(user=principal(request), kind=Collaborator.Kind.AGENT).first()
         if me is None:
             raise errors.Forbidden("Only agents have steering.")
-        if SteeringItem.objects.filter(recipient=me, seq__lte=after, consumed_at__isnull=True).exists():
-            actions.consume_steering(recipient=me, upto_seq=after)
+        actions.acknowledge_steering(recipient=me, upto_seq=after)
         items = list(steering_after(me.pk, after))
         if items or wait_s == 0:
             return Response(s.SteeringOutput({"items": items}).data)

@@ -7,8 +7,11 @@ from django.test import Client
 
 from accounts.models import User
 from config.params import InvalidParameter, integer_param, seconds_param
+from gateways.mcp import operations as mcp
+from sagas import errors
+from sagas.actions import ask_agent
 from tests.sagas.api_http import client_for, problem
-from tests.sagas.kernel import Team
+from tests.sagas.kernel import Team, unread
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
@@ -54,6 +57,18 @@ def test_the_steering_feed_refuses_a_bad_cursor_or_wait(team: Team, raw: str) ->
     if raw != "1.5":  # a wait may be a fraction of a second
         assert "wait" in problem(api.get(f"/api/v1/steering/?wait={raw}"), 400, "invalid_payload")["errors"]
     assert api.get("/api/v1/steering/?after=0&wait=0").status_code == 200
+
+
+def test_the_steering_feed_and_the_mcp_tool_refuse_a_cursor_past_the_newest_item(team: Team) -> None:
+    ask_agent(sender=team["lead"], to="agent:coder", type="ping", payload={})
+    api = client_for(team.user("coder"), "Bearer")
+
+    assert "after" in problem(api.get("/api/v1/steering/?after=2"), 400, "invalid_payload")["errors"]
+    with pytest.raises(errors.InvalidPayload):
+        mcp.read_steering(team.user("coder"), after=2)
+
+    assert [i.seq for i in unread(team["coder"])] == [1]  # acknowledged nothing
+    assert [i["seq"] for i in api.get("/api/v1/steering/?after=0").json()["items"]] == [1]
 
 
 @pytest.mark.parametrize("raw", BAD)

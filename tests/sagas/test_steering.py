@@ -14,6 +14,7 @@ from accounts.models import User
 from config.notify import Notifier
 from sagas import errors
 from sagas.actions import (
+    acknowledge_steering,
     ask_agent,
     cancel_request,
     claim_turn,
@@ -167,6 +168,24 @@ def test_a_cursor_consumes_only_up_to_it(team: Team) -> None:
     assert [i.seq for i in unread(team["coder"])] == [3]
     assert [AgentRequest.objects.get(pk=r.pk).status for r in requests] == ["delivered", "delivered", "pending"]
     assert all(i.consumed_turn is None for i in steering(team["coder"]))  # an external agent has no turns
+
+
+def test_a_cursor_past_the_newest_item_is_refused_and_acknowledges_nothing(team: Team) -> None:
+    """An external agent's cursor: one past its newest item would acknowledge what it never read
+    and hide what comes next until its seq passes the cursor."""
+    coder = team["coder"]
+    with pytest.raises(errors.InvalidPayload, match="past your newest item"):
+        acknowledge_steering(recipient=coder, upto_seq=1)  # nothing yet
+    [ask(team, "lead", "coder") for _ in range(2)]
+
+    with pytest.raises(errors.InvalidPayload, match="past your newest item"):
+        acknowledge_steering(recipient=coder, upto_seq=3)
+
+    assert [i.seq for i in unread(coder)] == [1, 2]
+    acknowledge_steering(recipient=coder, upto_seq=2)  # its newest: read up to it
+    acknowledge_steering(recipient=coder, upto_seq=2)  # again: nothing more to read, no error
+    acknowledge_steering(recipient=coder, upto_seq=0)
+    assert unread(coder) == []
 
 
 def test_a_response_or_notice_in_steering_changes_no_request(team: Team) -> None:
