@@ -280,6 +280,7 @@ class Turns:
         """Store the model's message, run its tool calls, then end the turn or begin the next."""
         if completion is None:
             return self.finish(Run.Status.FAILED, error="Every model candidate failed.")
+        distinct_call_ids(completion.tool_calls, self.transcript.messages, turn=self.turn)
         self.journal(
             "llm_call",
             {"model": completion.model, "latency_ms": latency_ms, "prompt_tokens": completion.prompt_tokens,
@@ -565,6 +566,18 @@ def ring_orchestrator(turns: Turns) -> "list[Turns]":
     claimed here and never run is reclaimed when its lease lapses)."""
     name = turns.collaborator.name
     return advance_after(str(turns.saga_id), name, worker=turns.worker, ahead=turns.orchestrator_read)
+
+
+def distinct_call_ids(calls: list[dict[str, Any]], history: list[dict[str, Any]], *, turn: int) -> None:
+    """A tool call's id is its idempotency key within the run (tools.Call.key): a provider that
+    reuses ids (`call_0` at every turn), repeats one within a message or sends none would have a
+    later call answered with an earlier one's result and never made. Such an id is made unique
+    here, before the message is stored, so that the transcript, the model and the tools see one id."""
+    used = {call["id"] for message in history for call in message.get("tool_calls") or []}
+    for index, call in enumerate(calls):
+        while not call["id"] or call["id"] in used:
+            call["id"] = f"{call['id'] or 'call'}.{turn}.{index}"
+        used.add(call["id"])
 
 
 def tool_message(call_id: str, result: dict[str, Any]) -> dict[str, Any]:
