@@ -99,6 +99,9 @@ def follow(call_id: str, step: int) -> None:
             call_id=call.pk, status=RemoteCall.Status.FAILED, task_id=task.id,
             error={"code": FAILED_STATES[state], "message": f"{call.agent_name}: {why}"[:2000]},
         )  # fmt: skip
+    elif not task.id:  # nothing to look at again, and sending again would send the message twice
+        actions.record_attempts(call_id=call.pk, attempts=attempts)
+        fail(call, "remote_error", f"{call.agent_name} answered {pb.TaskState.Name(state)} without a task id.")
     else:  # submitted or working: look again soon
         polls = max(0, attempts - 1)
         delay = min(POLL_S[min(polls, len(POLL_S) - 1)], remaining_s(call) + 0.05)

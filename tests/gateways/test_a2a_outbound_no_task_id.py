@@ -1,0 +1,82 @@
+"""A remote agent that answers a message with an open task but no task id leaves nothing to follow:
+the call fails with `remote_error` at once, and the message is not sent again."""
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.types import a2a_pb2 as pb
+from django.conf import LazySettings
+from django.utils import timezone
+
+from accounts.models import User
+from gateways.a2a import outbound
+from sagas import actions
+from sagas.remotes import RemoteCall
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Anonymous(BaseHTTPRequestHandler):
+    """Serves its card on GET; answers every message with a `working` task that has no id."""
+
+    card = b""
+    posts = 0
+
+    def do_GET(self) -> None:
+        self.answer(self.card)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).posts += 1
+        task = {"id": "", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"}}
+        self.answer(json.dumps({"jsonrpc": "2.0", "id": body["id"], "result": {"task": task}}).encode())
+
+    def answer(self, data: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None: ...
+
+
+@pytest.fixture
+def remote() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Anonymous)
+    url = f"http://127.0.0.1:{server.server_port}/agent/"
+    interface = pb.AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0")
+    card = pb.AgentCard(name="anonymous", description="d", version="1", supported_interfaces=[interface])
+    Anonymous.card, Anonymous.posts = json.dumps(agent_card_to_dict(card)).encode(), 0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield url
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_open_task_without_an_id_fails_the_call_and_is_not_sent_again(
+    remote: str, alice: User, settings: LazySettings
+) -> None:
+    settings.AGORA_A2A_REMOTE_PRIVATE_URLS = True  # the remote listens on 127.0.0.1
+    saga = actions.create_saga(title="Caller", owner=alice)
+    agent = actions.allow_remote_agent(saga=saga, name="anon", url=remote, by=alice)
+    caller, _ = actions.add_agent(saga=saga, name="caller", role="Caller", task="Ask", runtime="external", by=alice)
+    now = timezone.now()
+    call = RemoteCall.objects.create(
+        saga=saga, caller=caller, remote_agent=agent, agent_name="anon", url=remote, message="hi",
+        deadline=now + timedelta(seconds=60), next_step_at=now,
+    )  # fmt: skip
+
+    outbound.follow(call.pk, call.step)
+    outbound.follow(call.pk, call.step + 1)  # the next step's doorbell, had one been rung
+
+    call.refresh_from_db()
+    error = call.error or {}
+    assert call.status == RemoteCall.Status.FAILED and error.get("code") == "remote_error"
+    assert "TASK_STATE_WORKING without a task id" in error.get("message", "")
+    assert Anonymous.posts == 1  # the message went once
