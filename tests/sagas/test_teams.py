@@ -11,6 +11,7 @@ from django.conf import LazySettings
 from django.db import IntegrityError, connection, transaction
 
 from accounts.models import User
+from agents.tools import Call, execute
 from agents.transcripts import Transcript
 from journal.models import JournalEvent
 from sagas import actions, errors
@@ -293,3 +294,18 @@ def test_a_teammate_leads_no_team_of_its_own(team: Team, alice: User) -> None:
             actions.spawn_teammate(lead=ann, name="sub", role="Sub", prompt="p", profile=profile_named("mate"), by=by)
     assert not Collaborator.objects.filter(saga=team.saga, name="sub").exists()
     assert not TeamRow.objects.filter(lead=ann).exists()
+
+
+def test_a_teammate_delegates_no_agent(team: Team) -> None:
+    """A teammate's delegate would work outside its team's budget of tokens: its `delegate` tool is
+    refused, as spawning is; its lead delegates as before."""
+    ann = spawn(team, "ann")
+    sub = json.dumps({"name": "sub", "role": "Sub", "task": "t", "profile": profile_named("mate")})
+
+    refused = execute(Call(run=Run.objects.get(collaborator=ann), collaborator=ann, turn=1, call_id="c1"),
+                      "delegate", sub, ["delegate"]).result or {}  # fmt: skip
+
+    assert refused["error"]["code"] == "not_team_lead" and "teammates lead none" in refused["error"]["message"]
+    assert not Collaborator.objects.filter(saga=team.saga, name="sub").exists()
+    lead = Call(run=team.run("lead"), collaborator=team["lead"], turn=1, call_id="c2")
+    assert (execute(lead, "delegate", sub, ["delegate"]).result or {}).get("id") == "agent:sub"
