@@ -35,6 +35,7 @@ from a2a.utils.errors import (
 )
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import ApiToken
@@ -202,7 +203,10 @@ def settled(request_id: str, deadline: datetime) -> float:
     return 0
 
 
+@transaction.atomic
 def cancel(caller: Caller, task_id: str) -> AgentRequest:
+    """The task is cancelled and its open questions declined together: a crash between them would
+    leave questions about a cancelled task waiting for an answer that cannot come."""
     request = task_for(caller, task_id)
     if not request.is_open:  # cancelled included: the spec's not-cancelable error, not the task again
         raise TaskNotCancelableError(message=f"Task {task_id} is already {request.status}.")
