@@ -28,11 +28,13 @@ class Routing:
     @classmethod
     def of(cls, brain: Any, *, allowed: Collection[str] | None = None) -> "Routing":
         roles = tuple(r for r in brain.roles if allowed is None or r in allowed)
+        review = brain.review_role if brain.review_role in roles else ""
+        support = [r for r in roles if r != review]  # a stand-in primary is one of them, not the reviewer
         return cls(
             roles=roles,
             signals={r: list(brain.signals.get(r, [])) for r in roles},
-            default_primary=brain.default_primary if brain.default_primary in roles else (roles[0] if roles else ""),
-            review_role=brain.review_role if brain.review_role in roles else "",
+            default_primary=brain.default_primary if brain.default_primary in roles else next(iter(support), ""),
+            review_role=review,
             review_by_default=brain.review_by_default,
             max_workers=max(0, int(brain.max_parallel_agents)),
         )

@@ -47,6 +47,13 @@ def test_the_heuristic_keeps_to_the_allowed_roles() -> None:
     assert plan["primary_role"] == "tester" and plan["workers"] == []
 
 
+def test_a_default_primary_not_allowed_is_stood_in_for_by_a_support_role_not_the_reviewer() -> None:
+    brain = SimpleNamespace(**{**vars(BRAIN), "roles": {"review": "p-review", **BRAIN.roles}})  # the reviewer first
+    routing = plans.Routing.of(brain, allowed={"review", "writer"})  # the default primary cannot see images
+    plan = plans.heuristic_plan("Hello there", routing)
+    assert (routing.default_primary, plan["primary_role"], routing.review_role) == ("writer", "writer", "review")
+
+
 FALLBACK = plans.heuristic_plan("implement the api with tests", ROUTING)
 
 
