@@ -83,6 +83,10 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
             'checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409"]\n'
             for operation in ("sagas_finish", "collaborators_steer", "teams_spawn", "teams_broadcast")
         )
+        # A steering cursor is checked against the agent's own items: one past its newest (any
+        # integer the schema allows may be) is invalid_payload (400).
+        + '\n[[operations]]\ninclude-operation-id = "steering_list"\n'
+        'checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "429"]\n'
     )
     ran = subprocess.run(
         [
