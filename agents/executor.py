@@ -22,6 +22,7 @@ from agents import scripted, transcripts
 from agents.heartbeat import heartbeat
 from agents.hooks.lifecycle import CONTEXT_HEADING
 from agents.mcp import runtime as mcp
+from agents.messages import distinct_call_ids, render, tool_message
 from agents.models import AgentProfile
 from agents.orchestrator import starts
 from agents.orchestrator.models import Prompt
@@ -34,7 +35,7 @@ from config.sql import await_commit, columns, commit_unawaited, prepared
 from journal.actions import record
 from sagas import actions
 from sagas.metrics import count_round_trip
-from sagas.models import AgentRequest, Collaborator, Delegation, Run, SteeringItem, Team
+from sagas.models import AgentRequest, Collaborator, Delegation, Run, Team
 from sagas.wakeups import rung_here
 
 logger = logging.getLogger(__name__)
@@ -566,37 +567,3 @@ def ring_orchestrator(turns: Turns) -> "list[Turns]":
     claimed here and never run is reclaimed when its lease lapses)."""
     name = turns.collaborator.name
     return advance_after(str(turns.saga_id), name, worker=turns.worker, ahead=turns.orchestrator_read)
-
-
-def distinct_call_ids(calls: list[dict[str, Any]], history: list[dict[str, Any]], *, turn: int) -> None:
-    """A tool call's id is its idempotency key within the run (tools.Call.key): a provider that
-    reuses ids (`call_0` at every turn), repeats one within a message or sends none would have a
-    later call answered with an earlier one's result and never made. Such an id is made unique
-    here, before the message is stored, so that the transcript, the model and the tools see one id."""
-    used = {call["id"] for message in history for call in message.get("tool_calls") or []}
-    for index, call in enumerate(calls):
-        while not call["id"] or call["id"] in used:
-            call["id"] = f"{call['id'] or 'call'}.{turn}.{index}"
-        used.add(call["id"])
-
-
-def tool_message(call_id: str, result: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": json.dumps(result, ensure_ascii=False)}
-
-
-def render(item: SteeringItem) -> str:
-    """One steering item with its engine-written header: the model can trust who sent it."""
-    request: AgentRequest | None = item.request
-    attrs: dict[str, Any] = {"kind": item.kind, "from": item.sender}
-    if request is not None:
-        attrs.update(request_id=request.pk, type=request.type)
-        if item.kind != SteeringItem.Kind.REQUEST:
-            attrs["status"] = request.status
-    if item.human_request_id:
-        attrs["human_request_id"] = item.human_request_id
-    if item.broadcast_id:
-        attrs["broadcast_id"] = item.broadcast_id
-    if item.sender.startswith("remote:") and isinstance(item.payload, dict):  # an ask_remote_agent outcome
-        attrs.update(call_id=item.payload.get("call_id"), status=item.payload.get("status"))
-    payload = {"error": request.error} if request is not None and request.error else item.payload
-    return scripted.header(**attrs) + "\n" + json.dumps(payload, ensure_ascii=False)
