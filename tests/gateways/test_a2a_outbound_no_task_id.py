@@ -5,7 +5,7 @@ import json
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
@@ -17,33 +17,21 @@ from accounts.models import User
 from gateways.a2a import outbound
 from sagas import actions
 from sagas.remotes import RemoteCall
+from tests.gateways.test_a2a_outbound_screen import Recorder
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class Anonymous(BaseHTTPRequestHandler):
+class Anonymous(Recorder):
     """Serves its card on GET; answers every message with a `working` task that has no id."""
 
-    card = b""
-    posts = 0
-
-    def do_GET(self) -> None:
-        self.answer(self.card)
+    seen: list[tuple[str, str, str | None]] = []
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).posts += 1
+        self.seen.append(("POST", self.path, self.headers.get("Authorization")))
         task = {"id": "", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"}}
         self.answer(json.dumps({"jsonrpc": "2.0", "id": body["id"], "result": {"task": task}}).encode())
-
-    def answer(self, data: bytes) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None: ...
 
 
 @pytest.fixture
@@ -52,7 +40,7 @@ def remote() -> Iterator[str]:
     url = f"http://127.0.0.1:{server.server_port}/agent/"
     interface = pb.AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0")
     card = pb.AgentCard(name="anonymous", description="d", version="1", supported_interfaces=[interface])
-    Anonymous.card, Anonymous.posts = json.dumps(agent_card_to_dict(card)).encode(), 0
+    Anonymous.card, Anonymous.seen = json.dumps(agent_card_to_dict(card)).encode(), []
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield url
     server.shutdown()
@@ -79,4 +67,4 @@ def test_an_open_task_without_an_id_fails_the_call_and_is_not_sent_again(
     error = call.error or {}
     assert call.status == RemoteCall.Status.FAILED and error.get("code") == "remote_error"
     assert "TASK_STATE_WORKING without a task id" in error.get("message", "")
-    assert Anonymous.posts == 1  # the message went once
+    assert [method for method, _, _ in Anonymous.seen].count("POST") == 1  # the message went once
