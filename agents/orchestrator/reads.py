@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import connection
+from django.db.models import Model
 
 from accounts.models import User
 from agents.hooks import Event
@@ -13,7 +14,8 @@ from agents.hooks.models import handled_sql
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator.models import Brain, Prompt
 from config.sql import columns, db_value, fetch, fetch_later, placeholders, prepared
-from sagas.models import Collaborator, Run, Saga
+from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga
+from sagas.remotes import RemoteCall
 
 # Prompts as a step reads them, with the brain, the saga, the lead with its user and its run (which
 # the last step ends), who submitted it, and which lifecycle events the brain has handlers for
@@ -104,8 +106,9 @@ class Outcome:
 def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
     """How the workers of these slots ended, read in one statement; a slot whose worker is still at
     it (or, unexpectedly, missing: the step that moved here created it) is absent. A run that went
-    idle after answering in text (a model that never calls finish) is done: its last text is its
-    output."""
+    idle after answering in text (a model that never calls finish) is done, its last text its
+    output, unless something it asked (of an agent, a person or a remote agent) is still open: its
+    answer wakes the run, whose next rest rings the orchestration again."""
     names = {prompt.worker_name(slot): slot for slot in slots}
     found: dict[str, Outcome] = {}
     if not names:
@@ -114,7 +117,7 @@ def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
     if rows is None:
         rows = fetch(_RUNS_SQL.format(ids=placeholders(len(names))), [db_value(Saga, "id", prompt.saga_id), *names],
                      Run, Collaborator)  # fmt: skip
-    for run, collaborator in rows:
+    for run, collaborator, awaiting in rows:
         if collaborator.name not in names:
             continue
         run.collaborator = collaborator
@@ -123,13 +126,25 @@ def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
             found[slot] = Outcome(run, output=run.result)
         elif run.status in Run.FINISHED:
             found[slot] = Outcome(run, error=run.error or f"The worker's run was {run.status}.", failed=True)
-        elif run.status == Run.Status.IDLE:
+        elif run.status == Run.Status.IDLE and not awaiting:
             found[slot] = Outcome(run, output=last_text(run))
     return found
 
 
+def _any_open(model: type[Model], asker: str, statuses: tuple[str, ...]) -> str:
+    listed = ", ".join(f"'{status}'" for status in statuses)
+    return f"EXISTS (SELECT 1 FROM {model._meta.db_table} WHERE {asker} = c.id AND status IN ({listed}))"
+
+
+# Whether an idle worker still awaits the answer to something it asked, asked only of idle runs.
+_AWAITING = (
+    f"CASE WHEN r.status = '{Run.Status.IDLE}' THEN ("
+    f"{_any_open(AgentRequest, 'sender_id', AgentRequest.OPEN)} "
+    f"OR {_any_open(HumanRequest, 'asker_id', (HumanRequest.Status.PENDING,))} "
+    f"OR {_any_open(RemoteCall, 'caller_id', RemoteCall.OPEN)}) ELSE false END"
+)
 _RUNS = (
-    f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')} FROM {Run._meta.db_table} r "
+    f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')}, {_AWAITING} FROM {Run._meta.db_table} r "
     f"JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id "
 )
 _RUNS_SQL = _RUNS + "WHERE c.saga_id = %s AND c.name IN ({ids})"

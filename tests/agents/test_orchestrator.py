@@ -180,6 +180,102 @@ def test_forced_roles_answer_side_by_side_without_router_or_review(
     assert fake_llm.calls_for("coder-m") == []  # no primary either: the team's answers are the answer
 
 
+def test_a_worker_that_went_idle_awaiting_a_persons_answer_is_not_done_until_it_comes(
+    worker: CeleryWorker, fake_llm: FakeLLM, fake_brain: None, saga: Saga, alice: User,
+    client_for: Callable[[User], APIClient],
+) -> None:  # fmt: skip
+    from agents.orchestrator import steps
+    from sagas.actions import answer_human_request
+    from sagas.models import HumanRequest, Run
+
+    asking = {"name": "f-tester", "role": "Tester", "model": "tester-m", "tools": ["ask_human", "finish"]}
+    load_profiles(entries=[asking])
+    plan = {"primary_role": "coder", "workers": [{"role": "tester"}], "requires_review": False}
+    fake_llm.script("router-m", say(json.dumps(plan)))
+    form = {"title": "Which Python?", "fields": [{"name": "version", "label": "Version", "type": "text"}]}
+    fake_llm.script(
+        "tester-m",
+        say("", tool_call("ask_human", form)),
+        say("I asked which Python to target."),  # answers in text and goes idle, its question open
+        say("", tool_call("finish", {"result": {"summary": "Targets Python 3.12."}})),
+    )  # fmt: skip
+    fake_llm.script("coder-m", say("", tool_call("finish", {"result": "Done for 3.12."})))
+    client = client_for(alice)
+    started = submit(client, saga, prompt="Implement the cursor.", brain="fake")
+    prompt = Prompt.objects.get(pk=started["prompt_id"])
+    tester = Run.objects.filter(collaborator__saga=saga, collaborator__name=prompt.worker_name("tester"))
+    rested = JournalEvent.objects.filter(saga=saga, type="run.idle", run_id__in=tester)
+    wait_until(rested.exists, what="the tester to go idle")
+
+    # It answered in text, but its question is open: the step its rest rang found it not done, and
+    # trying the step again changes nothing.
+    assert steps.advance(str(prompt.pk), worker="test") == []
+    assert tester.get().status == "idle"
+    prompt.refresh_from_db()
+    assert (prompt.status, prompt.step) == ("running", "workers") and fake_llm.calls_for("coder-m") == []
+    assert not Collaborator.objects.filter(saga=saga, name=prompt.worker_name("primary")).exists()
+
+    form_id = HumanRequest.objects.get(asker__run__in=tester).pk
+    answer_human_request(human_request_id=form_id, answer={"version": "3.12"}, by=alice)
+    body = settled(client, started["prompt_id"])
+
+    assert body["status"] == "completed", body
+    assert [(r["role"], r["summary"]) for r in body["results"]] == [("tester", "Targets Python 3.12.")]
+    (primary_call,) = fake_llm.calls_for("coder-m")
+    assert "Targets Python 3.12." in request_text(primary_call) and body["answer"] == "Done for 3.12."
+    assert len(fake_llm.calls_for("tester-m")) == 3
+
+
+@pytest.mark.parametrize("asked", ["an agent", "a person", "a remote agent"])
+def test_an_idle_worker_is_done_once_nothing_it_asked_is_open(
+    default_brain: None, saga: Saga, alice: User, asked: str
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agents.orchestrator.actions import submit_prompt
+    from agents.orchestrator.reads import outcomes, read_prompt
+    from sagas import actions
+    from sagas.models import Run
+    from sagas.remotes import RemoteCall
+
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Do it")  # no worker: nothing runs it
+    lead = prompt.lead
+    assert lead is not None
+    tester, _ = actions.add_agent(
+        saga=saga, name=prompt.worker_name("tester"), role="Tester", task="Test it.", runtime="internal", by=alice,
+        profile="brain-tester", parent=lead.handle, ring=False,
+    )  # fmt: skip
+    Run.objects.filter(collaborator=tester).update(status=Run.Status.IDLE)
+
+    def done() -> bool:
+        read = read_prompt(str(prompt.pk))
+        assert read is not None
+        return "tester" in outcomes(read, ["tester"])
+
+    assert done()  # idle, nothing asked: its last text is its answer
+    if asked == "an agent":
+        question, _ = actions.ask_agent(sender=tester, to=lead.handle, type="question", payload={})
+        assert not done()
+        actions.reply_to_request(request_id=question.pk, by=lead.user, payload={"answer": 42})
+    elif asked == "a person":
+        form, _ = actions.ask_human(asker=tester, title="Which?", fields=[{"name": "which", "label": "Which"}])
+        assert not done()
+        actions.answer_human_request(human_request_id=form.pk, answer={"which": "this"}, by=alice)
+    else:
+        now = timezone.now()
+        call = RemoteCall.objects.create(
+            saga=saga, caller=tester, agent_name="far", url="https://far.example/a2a", message="Hi",
+            deadline=now + timedelta(minutes=5), next_step_at=now,
+        )  # fmt: skip
+        assert not done()
+        actions.settle_remote_call(call_id=call.pk, status="completed", reply="Hello")
+    # The answer woke it; once its turn on the answer leaves it idle, it is done.
+    assert Run.objects.filter(collaborator=tester, status=Run.Status.QUEUED).update(status=Run.Status.IDLE) == 1
+    assert done()
+
+
 def test_kill_9_mid_orchestration_resumes_without_duplicates(
     worker: CeleryWorker, fake_llm: FakeLLM, fake_brain: None, saga: Saga, alice: User, redis_url: str,
     artifacts: Path, runtime_env: dict[str, str], client_for: Callable[[User], APIClient],
