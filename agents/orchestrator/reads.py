@@ -14,7 +14,7 @@ from agents.hooks.models import handled_sql
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator.models import Brain, Prompt
 from config.sql import columns, db_value, fetch, fetch_later, placeholders, prepared
-from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga
+from sagas.models import AgentRequest, Collaborator, Delegation, HumanRequest, Run, Saga
 from sagas.remotes import RemoteCall
 
 # Prompts as a step reads them, with the brain, the saga, the lead with its user and its run (which
@@ -131,17 +131,20 @@ def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
     return found
 
 
-def _any_open(model: type[Model], asker: str, statuses: tuple[str, ...]) -> str:
+def _open(model: type[Model], asker: str, statuses: tuple[str, ...]) -> str:
     listed = ", ".join(f"'{status}'" for status in statuses)
-    return f"EXISTS (SELECT 1 FROM {model._meta.db_table} WHERE {asker} = c.id AND status IN ({listed}))"
+    return f"SELECT 1 FROM {model._meta.db_table} WHERE {asker} = c.id AND status IN ({listed})"
 
 
-# Whether an idle worker still awaits the answer to something it asked, asked only of idle runs.
+# Whether an idle worker still awaits the answer to something it asked, asked only of idle runs. A
+# question to its delegator, the prompt's lead, holds nothing: the lead (the orchestration itself)
+# answers none, and the question would wait out its time to live.
+_DELEGATOR = f"SELECT delegator_id FROM {Delegation._meta.db_table} WHERE delegate_id = c.id"
 _AWAITING = (
     f"CASE WHEN r.status = '{Run.Status.IDLE}' THEN ("
-    f"{_any_open(AgentRequest, 'sender_id', AgentRequest.OPEN)} "
-    f"OR {_any_open(HumanRequest, 'asker_id', (HumanRequest.Status.PENDING,))} "
-    f"OR {_any_open(RemoteCall, 'caller_id', RemoteCall.OPEN)}) ELSE false END"
+    f"EXISTS ({_open(AgentRequest, 'sender_id', AgentRequest.OPEN)} AND recipient_id NOT IN ({_DELEGATOR})) "
+    f"OR EXISTS ({_open(HumanRequest, 'asker_id', (HumanRequest.Status.PENDING,))}) "
+    f"OR EXISTS ({_open(RemoteCall, 'caller_id', RemoteCall.OPEN)})) ELSE false END"
 )
 _RUNS = (
     f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')}, {_AWAITING} FROM {Run._meta.db_table} r "

@@ -256,9 +256,15 @@ def test_an_idle_worker_is_done_once_nothing_it_asked_is_open(
 
     assert done()  # idle, nothing asked: its last text is its answer
     if asked == "an agent":
-        question, _ = actions.ask_agent(sender=tester, to=lead.handle, type="question", payload={})
+        actions.ask_agent(sender=tester, to=lead.handle, type="question", payload={})
+        assert done()  # a question to the lead, which answers none, holds nothing
+        writer, _ = actions.add_agent(
+            saga=saga, name=prompt.worker_name("writer"), role="Writer", task="Write it.", runtime="internal",
+            by=alice, profile="brain-writer", parent=lead.handle, ring=False,
+        )  # fmt: skip
+        question, _ = actions.ask_agent(sender=tester, to=writer.handle, type="question", payload={})
         assert not done()
-        actions.reply_to_request(request_id=question.pk, by=lead.user, payload={"answer": 42})
+        actions.reply_to_request(request_id=question.pk, by=writer.user, payload={"answer": 42})
     elif asked == "a person":
         form, _ = actions.ask_human(asker=tester, title="Which?", fields=[{"name": "which", "label": "Which"}])
         assert not done()
