@@ -25,8 +25,8 @@ from agents.mcp import runtime as mcp
 from agents.messages import distinct_call_ids, render, tool_message
 from agents.models import AgentProfile
 from agents.orchestrator import starts
-from agents.orchestrator.models import Prompt
-from agents.orchestrator.tasks import advance_after, is_brain_worker, read_ahead
+from agents.orchestrator.models import Prompt, is_brain_worker
+from agents.orchestrator.tasks import advance_after, read_ahead
 from agents.providers import Completion, ProviderError, once_sent, provider_for
 from agents.tools import Call, execute, schemas
 from agents.transcripts import Transcript, keep_transcript, take_transcript

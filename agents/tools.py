@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.orchestrator.models import is_brain_worker, lead_of
 from config.payloads import MalformedJson, Unstorable, loads
 from sagas import actions, errors
 from sagas.access import collaborator_card, visible_collaborators
@@ -45,6 +46,12 @@ def get_collaborators(call: Call) -> Outcome:
 def ask_agent(
     call: Call, to: str, type: str, payload: Any, mode: str = "async", timeout_s: float | None = None
 ) -> Outcome:
+    name = call.collaborator.name
+    if is_brain_worker(name) and to.removeprefix("agent:") == lead_of(name):
+        raise errors.RecipientUnavailable(
+            "The prompt's lead takes no questions: answer with what you have and name what is missing in "
+            "next_questions, or ask a person (ask_human)."
+        )
     request, _ = actions.ask_agent(
         sender=call.collaborator, to=to, type=type, payload=payload, mode=mode, timeout_s=timeout_s,
         idempotency_key=call.idempotency_key,

@@ -155,3 +155,13 @@ class Prompt(models.Model):
 
 
 LEAD_PREFIX = "brain-"
+
+
+def is_brain_worker(name: str) -> bool:
+    """Whether a collaborator's name is that of a prompt's worker (`brain-….role`, or its delegate)."""
+    return name.startswith(LEAD_PREFIX) and "." in name
+
+
+def lead_of(name: str) -> str:
+    """The prompt's lead of a worker named so."""
+    return name.split(".", 1)[0]

@@ -14,7 +14,7 @@ from agents.hooks.models import handled_sql
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator.models import Brain, Prompt
 from config.sql import columns, db_value, fetch, fetch_later, placeholders, prepared
-from sagas.models import AgentRequest, Collaborator, Delegation, HumanRequest, Run, Saga
+from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga
 from sagas.remotes import RemoteCall
 
 # Prompts as a step reads them, with the brain, the saga, the lead with its user and its run (which
@@ -136,13 +136,11 @@ def _open(model: type[Model], asker: str, statuses: tuple[str, ...]) -> str:
     return f"SELECT 1 FROM {model._meta.db_table} WHERE {asker} = c.id AND status IN ({listed})"
 
 
-# Whether an idle worker still awaits the answer to something it asked, asked only of idle runs. A
-# question to its delegator, the prompt's lead, holds nothing: the lead (the orchestration itself)
-# answers none, and the question would wait out its time to live.
-_DELEGATOR = f"SELECT delegator_id FROM {Delegation._meta.db_table} WHERE delegate_id = c.id"
+# Whether an idle worker still awaits the answer to something it asked, asked only of idle runs (it
+# cannot ask its lead, which answers none: agents.tools.ask_agent).
 _AWAITING = (
     f"CASE WHEN r.status = '{Run.Status.IDLE}' THEN ("
-    f"EXISTS ({_open(AgentRequest, 'sender_id', AgentRequest.OPEN)} AND recipient_id NOT IN ({_DELEGATOR})) "
+    f"EXISTS ({_open(AgentRequest, 'sender_id', AgentRequest.OPEN)}) "
     f"OR EXISTS ({_open(HumanRequest, 'asker_id', (HumanRequest.Status.PENDING,))}) "
     f"OR EXISTS ({_open(RemoteCall, 'caller_id', RemoteCall.OPEN)})) ELSE false END"
 )

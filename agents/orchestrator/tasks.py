@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from agents.orchestrator import reads, steps
 from agents.orchestrator.actions import ring_prompt
-from agents.orchestrator.models import LEAD_PREFIX, Prompt
+from agents.orchestrator.models import Prompt, lead_of
 
 if TYPE_CHECKING:
     from agents.executor import Turns
@@ -52,10 +52,6 @@ def read_ahead(saga_id: Any, name: str) -> Callable[[], list[Prompt]]:
     return reads.prompts_ahead(saga_id, lead_of(name))
 
 
-def lead_of(name: str) -> str:
-    return name.split(".", 1)[0]
-
-
 def run_here(claimed: "list[Turns]") -> None:
     # Imported here: the executor imports this module (it rings the orchestrator when a worker rests).
     from agents.executor import run_claimed
@@ -81,7 +77,3 @@ def resume_prompts(everything: bool = False) -> int:
             ring_prompt(str(prompt_id))
             rung += 1
     return rung
-
-
-def is_brain_worker(name: str) -> bool:
-    return name.startswith(LEAD_PREFIX) and "." in name

@@ -236,8 +236,9 @@ def test_an_idle_worker_is_done_once_nothing_it_asked_is_open(
 
     from agents.orchestrator.actions import submit_prompt
     from agents.orchestrator.reads import outcomes, read_prompt
+    from agents.tools import Call, execute
     from sagas import actions
-    from sagas.models import Run
+    from sagas.models import AgentRequest, Run
     from sagas.remotes import RemoteCall
 
     prompt, _ = submit_prompt(saga=saga, by=alice, text="Do it")  # no worker: nothing runs it
@@ -256,8 +257,12 @@ def test_an_idle_worker_is_done_once_nothing_it_asked_is_open(
 
     assert done()  # idle, nothing asked: its last text is its answer
     if asked == "an agent":
-        actions.ask_agent(sender=tester, to=lead.handle, type="question", payload={})
-        assert done()  # a question to the lead, which answers none, holds nothing
+        # Not its lead, which answers none: its ask_agent tool refuses that, with a word on what to do.
+        to_lead = json.dumps({"to": lead.handle, "type": "question", "payload": {}})
+        refused = execute(Call(run=tester.run, collaborator=tester, turn=1, call_id="c1"), "ask_agent", to_lead,
+                          ["ask_agent"]).result or {}  # fmt: skip
+        assert refused["error"]["code"] == "recipient_unavailable" and "ask_human" in refused["error"]["message"]
+        assert done() and not AgentRequest.objects.filter(sender=tester).exists()
         writer, _ = actions.add_agent(
             saga=saga, name=prompt.worker_name("writer"), role="Writer", task="Write it.", runtime="internal",
             by=alice, profile="brain-writer", parent=lead.handle, ring=False,
