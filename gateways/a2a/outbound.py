@@ -26,6 +26,7 @@ from django.conf import settings
 from django.utils import timezone
 from google.protobuf.json_format import MessageToDict
 
+from gateways.a2a.public_net import NotPublic, async_public_transport
 from sagas import actions
 from sagas.remotes import RemoteCall
 
@@ -168,9 +169,14 @@ def headers_for(token_env: str) -> dict[str, str]:
 def remote_http(token_env: str) -> httpx.AsyncClient:
     """The HTTP client of one exchange with a remote agent: its token, its timeout, and every request
     screened (unless private addresses are allowed), not only the allowed URL: the agent's card names
-    the address its messages go to, and a card may name a private one."""
-    hooks = {} if settings.AGORA_A2A_REMOTE_PRIVATE_URLS else {"request": [screen]}
-    return httpx.AsyncClient(headers=headers_for(token_env), timeout=HTTP_TIMEOUT_S, event_hooks=hooks)
+    the address its messages go to, and a card may name a private one; each connection is then made
+    only to the public address its host was found at (public_net)."""
+    if settings.AGORA_A2A_REMOTE_PRIVATE_URLS:
+        return httpx.AsyncClient(headers=headers_for(token_env), timeout=HTTP_TIMEOUT_S)
+    return httpx.AsyncClient(
+        headers=headers_for(token_env), timeout=HTTP_TIMEOUT_S, event_hooks={"request": [screen]},
+        transport=async_public_transport(),
+    )  # fmt: skip
 
 
 async def screen(request: httpx.Request) -> None:
@@ -181,10 +187,12 @@ async def screen(request: httpx.Request) -> None:
 
 
 def screened_out(exc: BaseException) -> "Refused | None":
-    """screen()'s refusal, however the client wrapped it."""
+    """screen()'s refusal, or the connection's (public_net), however the client wrapped it."""
     seen: BaseException | None = exc
-    while seen is not None and not isinstance(seen, Refused):
+    while seen is not None and not isinstance(seen, Refused | NotPublic):
         seen = seen.__cause__ or seen.__context__
+    if isinstance(seen, NotPublic):
+        return Refused("remote_not_allowed", str(seen))
     return seen
 
 
@@ -253,5 +261,5 @@ def cancel_quietly(call: RemoteCall, token_env: str) -> None:
 
     try:
         asyncio.run(cancel())
-    except (A2AError, Refused, httpx.HTTPError) as exc:
+    except (A2AError, Refused, NotPublic, httpx.HTTPError) as exc:
         logger.info("cancelling remote task %s of call %s: %s", call.task_id, call.pk, exc)

@@ -12,6 +12,7 @@ from google.protobuf.json_format import MessageToDict
 
 from gateways.a2a import conversation, mapping, outbound, push
 from gateways.a2a.models import PushConfig
+from gateways.a2a.public_net import NotPublic, public_transport
 from sagas.wakeups import REMOTE_CALL_TASK
 
 logger = logging.getLogger(__name__)
@@ -56,9 +57,14 @@ def deliver(config: PushConfig, task: pb.Task) -> str | None:
         headers["X-A2A-Notification-Token"] = config.token
     if config.auth_scheme and config.auth_credentials:
         headers["Authorization"] = f"{config.auth_scheme} {config.auth_credentials}"
+    # Connected only to the public address its host was found at (public_net), unless private ones are allowed.
+    transport = None if settings.AGORA_A2A_PUSH_PRIVATE_URLS else public_transport()
     try:
-        response = httpx.post(config.url, json=MessageToDict(pb.StreamResponse(task=task)), headers=headers, timeout=5)
+        with httpx.Client(transport=transport, timeout=5) as http:
+            response = http.post(config.url, json=MessageToDict(pb.StreamResponse(task=task)), headers=headers)
         response.raise_for_status()
+    except NotPublic as exc:
+        return str(exc)
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -12,7 +12,7 @@ from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.types import a2a_pb2 as pb
 from django.conf import LazySettings
 
-from gateways.a2a import outbound
+from gateways.a2a import outbound, public_net
 from sagas.remotes import RemoteCall
 
 TOKEN_ENV = "AGORA_TEST_SCREEN_TOKEN"
@@ -46,8 +46,11 @@ class Recorder(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def servers() -> Iterator[tuple[str, str, type[Recorder]]]:
-    """A "public" remote agent whose card names a "private" server as its messages' address."""
+def servers(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, type[Recorder]]]:
+    """A "public" remote agent whose card names a "private" server as its messages' address. Both
+    are on loopback: the "public" one listens on 127.0.0.2, the one address a connection may be
+    made to (public_net), and the tests tell their URLs apart for the check before each request."""
+    monkeypatch.setattr(public_net, "is_public", lambda address: address == "127.0.0.2")
 
     class Private(Recorder):
         seen: list[tuple[str, str, str | None]] = []
@@ -57,9 +60,9 @@ def servers() -> Iterator[tuple[str, str, type[Recorder]]]:
 
     private_handler, public_handler = Private, Public
     private = ThreadingHTTPServer(("127.0.0.1", 0), private_handler)
-    public = ThreadingHTTPServer(("127.0.0.1", 0), public_handler)
+    public = ThreadingHTTPServer(("127.0.0.2", 0), public_handler)
     private_url = f"http://127.0.0.1:{private.server_port}/admin/"
-    public_url = f"http://127.0.0.1:{public.server_port}/agent/"
+    public_url = f"http://127.0.0.2:{public.server_port}/agent/"
     interface = pb.AgentInterface(url=private_url, protocol_binding="JSONRPC", protocol_version="1.0")
     card = pb.AgentCard(name="evil", description="d", version="1", supported_interfaces=[interface])
     public_handler.card = json.dumps(agent_card_to_dict(card)).encode()
@@ -77,7 +80,7 @@ def test_a_card_naming_a_private_address_is_refused_before_anything_is_sent_ther
     public_url, private_url, private = servers
     settings.AGORA_A2A_REMOTE_PRIVATE_URLS = False
 
-    async def public_only(url: str) -> bool:  # both listen on 127.0.0.1: the public one is told apart
+    async def public_only(url: str) -> bool:  # both listen on loopback: the public one is told apart
         return url.startswith(public_url)
 
     monkeypatch.setattr(outbound, "validate_push_notification_url", public_only)

@@ -1,0 +1,101 @@
+"""HTTP to addresses that others name (a remote agent's URL, the address its card gives for its
+messages, a client's push-notification webhook), connected only to public addresses, checked on the
+address each connection is made to.
+
+The SDK's check of a URL (validate_push_notification_url, before each request) resolves its host
+and judges what it finds; the connection then resolves the host again. A name whose DNS answers a
+public address to the check and a private one to the connection (DNS rebinding) would reach a
+private service with our message and the remote's bearer token. Here the connection goes to the
+address that was judged: the host is resolved once, every address it gave must be public, and the
+socket is opened to the first of them (TLS still checks the certificate against the host's name).
+"""
+
+import ipaddress
+import socket
+from collections.abc import Iterable
+from typing import Any
+
+import anyio
+import httpcore
+import httpx
+
+
+class NotPublic(Exception):
+    """A connection refused before it was made: its host is not at a public address."""
+
+
+def is_public(address: str) -> bool:
+    """A global unicast address (an IPv4-mapped IPv6 one judged as the IPv4 inside it): not
+    loopback, private, link-local, shared (100.64.0.0/10), reserved, unspecified or multicast."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def judged(host: str, found: list[Any]) -> str:
+    """The address to connect to, of those `getaddrinfo` found for host: all must be public."""
+    addresses = [info[4][0] for info in found]
+    if not addresses or not all(is_public(address) for address in addresses):
+        raise NotPublic(f"{host} is not at a public address.")
+    return str(addresses[0])
+
+
+class PublicOnly(httpcore.NetworkBackend):
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self.inner = inner
+
+    def connect_tcp(
+        self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:  # fmt: skip
+        address = judged(host, socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        return self.inner.connect_tcp(address, port, timeout, local_address, socket_options)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        raise NotPublic(f"{path} is a local socket.")
+
+    def sleep(self, seconds: float) -> None:
+        self.inner.sleep(seconds)
+
+
+class AsyncPublicOnly(httpcore.AsyncNetworkBackend):
+    def __init__(self, inner: httpcore.AsyncNetworkBackend) -> None:
+        self.inner = inner
+
+    async def connect_tcp(
+        self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:  # fmt: skip
+        address = judged(host, await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        return await self.inner.connect_tcp(address, port, timeout, local_address, socket_options)
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        raise NotPublic(f"{path} is a local socket.")
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
+
+
+# httpx takes no network backend of its own: its transport's connection pool (httpcore) is given
+# ours around the one it made (httpx and httpcore are pinned in requirements/base.txt; the tests in
+# tests/gateways/test_public_net.py fail if either moves these).
+
+
+def public_transport() -> httpx.HTTPTransport:
+    transport = httpx.HTTPTransport()
+    transport._pool._network_backend = PublicOnly(transport._pool._network_backend)
+    return transport
+
+
+def async_public_transport() -> httpx.AsyncHTTPTransport:
+    transport = httpx.AsyncHTTPTransport()
+    transport._pool._network_backend = AsyncPublicOnly(transport._pool._network_backend)
+    return transport
