@@ -254,7 +254,7 @@ class Turns:
         """Start the turn: budgets, a parked wait's result, its input. False when the turn ended here."""
         if self.profile is None:
             return self.finish(Run.Status.FAILED, error=f"No agent profile {self.collaborator.profile!r}.")
-        if self.turn > self.profile.max_turns:
+        if self.turn - self.run.reclaims > self.profile.max_turns:  # a turn its dead worker lost is not used
             return self.finish(Run.Status.FAILED, error=f"Turn budget of {self.profile.max_turns} turns exhausted.")
         if self.transcript.tokens >= self.profile.max_tokens:
             return self.finish(Run.Status.FAILED, error=f"Token budget of {self.profile.max_tokens} tokens exhausted.")

@@ -177,6 +177,10 @@ class Run(models.Model):
     spawn_key = models.CharField(max_length=200, blank=True, help_text="The Idempotency-Key of a teammate's spawn.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     turn = models.PositiveIntegerField(default=0, help_text="Turns started so far.")
+    reclaims = models.PositiveIntegerField(
+        default=0, db_default=0,  # the database's too: rows a worker of the release before inserts
+        help_text="Turns taken back after their worker died (their work undone): not counted as turns used.",
+    )  # fmt: skip
     lease_until = models.DateTimeField(null=True, blank=True)
     # Who ran it last, for operators: kept after the turn ends and after a reclaim, which names it.
     worker = models.CharField(

@@ -224,14 +224,15 @@ def claim_turn(*, run_id: str, worker: str = "") -> Run | None:
 @transaction.atomic
 def reclaim_lapsed_turn(*, run_id: str, now: Any, mark: Any) -> bool:
     """A turn whose lease lapsed (its worker died) is queued again, as last touched at `mark`. The
-    journal names the worker that lost it."""
+    journal names the worker that lost it. Its work was rolled back: the run's budget of turns does
+    not count it (`reclaims`)."""
     saga_id = Run.objects.filter(pk=run_id).values_list("collaborator__saga_id", flat=True).first()
     if saga_id is None:
         return False
     lock_saga(saga_id)
     run = Run.objects.select_related("collaborator").get(pk=run_id)
     if not Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, turn=run.turn, lease_until__lt=now).update(
-        status=Run.Status.QUEUED, lease_until=None, updated_at=mark
+        status=Run.Status.QUEUED, lease_until=None, updated_at=mark, reclaims=models.F("reclaims") + 1
     ):
         return False
     record(

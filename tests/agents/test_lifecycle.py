@@ -5,6 +5,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.conf import LazySettings
 from django.core.management import call_command
 from django.utils import timezone
 
@@ -106,6 +107,29 @@ def test_a_turn_budget_stops_a_runaway_run_with_a_clear_reason(
     assert (run.status, run.error) == (Run.Status.FAILED, "Turn budget of 3 turns exhausted.")
     assert len(fake_llm.calls_for("loop")) == 3
     assert JournalEvent.objects.get(saga=saga, type="worker_end").data["error"] == run.error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_its_dead_worker_lost_is_not_counted_against_the_turn_budget(
+    saga: Saga, alice: User, model_here: FakeLLM, settings: LazySettings
+) -> None:
+    from agents.executor import run_turn
+    from sagas.actions import claim_turn, reclaim_lapsed_turn
+
+    model_here.script("once-m", say("", tool_call("finish", {"result": "done"})))
+    load_profiles(entries=[{"name": "p-once", "role": "Once", "model": "once-m", "tools": ["finish"], "max_turns": 1}])
+    once, _ = actions.add_agent(saga=saga, name="once", role="Once", task="Once.", runtime="internal",
+                                profile="p-once", by=alice)  # fmt: skip
+    lost = claim_turn(run_id=once.run.pk, worker="w1@dead-host")  # its worker dies with the turn
+    assert lost is not None and lost.turn == 1
+    lapsed = timezone.now() + timedelta(seconds=settings.AGORA_LEASE_S + 1)
+    assert reclaim_lapsed_turn(run_id=lost.pk, now=lapsed, mark=timezone.now())
+
+    run_turn(lost.pk)  # turn 2, the first of its budget it uses
+
+    run = Run.objects.get(pk=lost.pk)
+    assert (run.status, run.result, run.error, run.turn, run.reclaims) == (Run.Status.COMPLETED, "done", "", 2, 1)
+    assert len(model_here.calls_for("once-m")) == 1
 
 
 def test_a_token_budget_stops_a_run(worker: CeleryWorker, fake_llm: FakeLLM, add_internal: AddAgent) -> None:
