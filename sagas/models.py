@@ -179,7 +179,7 @@ class Run(models.Model):
     turn = models.PositiveIntegerField(default=0, help_text="Turns started so far.")
     reclaims = models.PositiveIntegerField(
         default=0, db_default=0,  # the database's too: rows a worker of the release before inserts
-        help_text="Turns taken back after their worker died (their work undone): not counted as turns used.",
+        help_text="Turns taken back after their worker died (made again by the next): not counted as turns used.",
     )  # fmt: skip
     lease_until = models.DateTimeField(null=True, blank=True)
     # Who ran it last, for operators: kept after the turn ends and after a reclaim, which names it.

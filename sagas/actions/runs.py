@@ -224,8 +224,8 @@ def claim_turn(*, run_id: str, worker: str = "") -> Run | None:
 @transaction.atomic
 def reclaim_lapsed_turn(*, run_id: str, now: Any, mark: Any) -> bool:
     """A turn whose lease lapsed (its worker died) is queued again, as last touched at `mark`. The
-    journal names the worker that lost it. Its work was rolled back: the run's budget of turns does
-    not count it (`reclaims`)."""
+    journal names the worker that lost it. The next turn makes it again: the run's budget of turns
+    does not count it (`reclaims`)."""
     saga_id = Run.objects.filter(pk=run_id).values_list("collaborator__saga_id", flat=True).first()
     if saga_id is None:
         return False

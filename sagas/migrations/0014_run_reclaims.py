@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
             field=models.PositiveIntegerField(
                 db_default=0,
                 default=0,
-                help_text="Turns taken back after their worker died (their work undone): not counted as turns used.",
+                help_text="Turns taken back after their worker died (made again by the next): not counted as turns used.",
             ),
         ),
     ]

@@ -125,7 +125,7 @@ def test_a_turn_its_dead_worker_lost_is_not_counted_against_the_turn_budget(
     lapsed = timezone.now() + timedelta(seconds=settings.AGORA_LEASE_S + 1)
     assert reclaim_lapsed_turn(run_id=lost.pk, now=lapsed, mark=timezone.now())
 
-    run_turn(lost.pk)  # turn 2, the first of its budget it uses
+    run_turn(lost.pk)  # turn 2 makes turn 1 again: the one turn of its budget
 
     run = Run.objects.get(pk=lost.pk)
     assert (run.status, run.result, run.error, run.turn, run.reclaims) == (Run.Status.COMPLETED, "done", "", 2, 1)
