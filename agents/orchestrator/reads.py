@@ -131,19 +131,23 @@ def outcomes(prompt: Prompt, slots: list[str]) -> dict[str, Outcome]:
     return found
 
 
-def _open(model: type[Model], asker: str, statuses: tuple[str, ...]) -> str:
-    listed = ", ".join(f"'{status}'" for status in statuses)
-    return f"SELECT 1 FROM {model._meta.db_table} WHERE {asker} = c.id AND status IN ({listed})"
+def asks_open(collaborator: str) -> str:
+    """SQL: whether the collaborator whose id is the column `collaborator` waits on the answer to
+    something it asked (of an agent, a person or a remote agent). A prompt's worker cannot ask its
+    lead, which answers none (agents.tools.ask_agent)."""
+
+    def any_open(model: type[Model], asker: str, statuses: tuple[str, ...]) -> str:
+        listed = ", ".join(f"'{status}'" for status in statuses)
+        return f"EXISTS (SELECT 1 FROM {model._meta.db_table} WHERE {asker} = {collaborator} AND status IN ({listed}))"
+
+    return (
+        f"({any_open(AgentRequest, 'sender_id', AgentRequest.OPEN)} "
+        f"OR {any_open(HumanRequest, 'asker_id', (HumanRequest.Status.PENDING,))} "
+        f"OR {any_open(RemoteCall, 'caller_id', RemoteCall.OPEN)})"
+    )
 
 
-# Whether an idle worker still awaits the answer to something it asked, asked only of idle runs (it
-# cannot ask its lead, which answers none: agents.tools.ask_agent).
-_AWAITING = (
-    f"CASE WHEN r.status = '{Run.Status.IDLE}' THEN ("
-    f"EXISTS ({_open(AgentRequest, 'sender_id', AgentRequest.OPEN)}) "
-    f"OR EXISTS ({_open(HumanRequest, 'asker_id', (HumanRequest.Status.PENDING,))}) "
-    f"OR EXISTS ({_open(RemoteCall, 'caller_id', RemoteCall.OPEN)})) ELSE false END"
-)
+_AWAITING = f"CASE WHEN r.status = '{Run.Status.IDLE}' THEN {asks_open('c.id')} ELSE false END"  # idle ones only
 _RUNS = (
     f"SELECT {columns(Run, 'r')}, {columns(Collaborator, 'c')}, {_AWAITING} FROM {Run._meta.db_table} r "
     f"JOIN {Collaborator._meta.db_table} c ON c.id = r.collaborator_id "

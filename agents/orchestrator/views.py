@@ -7,7 +7,8 @@ from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Q
+from django.db.models import BooleanField, Q
+from django.db.models.expressions import RawSQL
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
@@ -16,7 +17,7 @@ from django.views.decorators.http import require_POST
 from accounts.models import User
 from agents.hooks.lifecycle import FEEDBACK_HEADING
 from agents.hooks.models import HookResult
-from agents.orchestrator import actions
+from agents.orchestrator import actions, reads
 from agents.orchestrator.models import LEAD_PREFIX, Brain, Prompt
 from config.params import FORM_SENT, form_key
 from sagas import errors
@@ -29,11 +30,8 @@ PROMPTS_SHOWN = 10
 def prompts_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
     """Each recent prompt's plan view: prompt → support workers (live) → primary → review."""
     prompts = list(Prompt.objects.filter(saga=saga).select_related("brain")[:PROMPTS_SHOWN])
-    runs = {
-        c.name: c.run
-        for c in Collaborator.objects.filter(saga=saga, name__startswith=LEAD_PREFIX).select_related("run")
-        if hasattr(c, "run")
-    }
+    brains = Collaborator.objects.filter(saga=saga, name__startswith=LEAD_PREFIX)
+    runs = {c.name: c.run for c in brains.select_related("run").annotate(asking=asks_open()) if hasattr(c, "run")}
     hooks = hook_outcomes(saga, prompts)
     return {
         "prompts": [
@@ -63,10 +61,18 @@ def hook_outcomes(saga: Saga, prompts: list[Prompt]) -> dict[str, list[dict[str,
     return found
 
 
+def asks_open() -> RawSQL:
+    """Whether a collaborator waits on an answer to something it asked: an idle worker that did is
+    not done (reads.outcomes), and its plan view says it waits."""
+    return RawSQL(reads.asks_open(f'"{Collaborator._meta.db_table}"."id"'), [], output_field=BooleanField())
+
+
 def live_status(run: Run | None) -> str:
     if run is None:
         return "waiting"
-    return "answered" if run.status == Run.Status.IDLE else str(run.status)
+    if run.status == Run.Status.IDLE:
+        return "waiting" if getattr(run.collaborator, "asking", False) else "answered"  # prompts_part's
+    return str(run.status)
 
 
 def plan_view(prompt: Prompt, runs: dict[str, Run], hooks: list[dict[str, Any]] | None = None) -> dict[str, Any]:

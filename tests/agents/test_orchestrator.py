@@ -2,6 +2,7 @@
 local fake OpenAI-compatible server."""
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -232,9 +233,11 @@ def test_an_idle_worker_is_done_once_nothing_it_asked_is_open(
 ) -> None:
     from datetime import timedelta
 
+    from django.test import Client
     from django.utils import timezone
 
     from agents.orchestrator.actions import submit_prompt
+    from agents.orchestrator.plans import forced_plan
     from agents.orchestrator.reads import outcomes, read_prompt
     from agents.tools import Call, execute
     from sagas import actions
@@ -249,11 +252,19 @@ def test_an_idle_worker_is_done_once_nothing_it_asked_is_open(
         profile="brain-tester", parent=lead.handle, ring=False,
     )  # fmt: skip
     Run.objects.filter(collaborator=tester).update(status=Run.Status.IDLE)
+    Prompt.objects.filter(pk=prompt.pk).update(plan=forced_plan(["tester"]), step=Prompt.Step.WORKERS)
+    page = Client()
+    page.force_login(alice)
 
     def done() -> bool:
+        """Whether the step takes its worker's answer, as the plan view shows it (answered, waiting)."""
         read = read_prompt(str(prompt.pk))
         assert read is not None
-        return "tester" in outcomes(read, ["tester"])
+        html = page.get(f"/sagas/{saga.pk}/live/prompts/").content.decode()
+        (shown,) = re.findall(r'data-role="tester" data-status="(\w+)"', html)
+        taken = "tester" in outcomes(read, ["tester"])
+        assert shown == ("answered" if taken else "waiting")
+        return taken
 
     assert done()  # idle, nothing asked: its last text is its answer
     if asked == "an agent":
