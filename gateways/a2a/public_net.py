@@ -12,7 +12,9 @@ socket is opened to the first of them (TLS still checks the certificate against 
 
 import ipaddress
 import socket
-from collections.abc import Iterable
+import urllib.request
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -44,6 +46,15 @@ def judged(host: str, found: list[Any]) -> str:
     return str(addresses[0])
 
 
+@contextmanager
+def unresolved(host: str) -> Iterator[None]:
+    """A name that does not resolve fails the connection as httpx's own would (httpx.ConnectError)."""
+    try:
+        yield
+    except OSError as exc:
+        raise httpcore.ConnectError(f"{host}: {exc}") from exc
+
+
 class PublicOnly(httpcore.NetworkBackend):
     def __init__(self, inner: httpcore.NetworkBackend) -> None:
         self.inner = inner
@@ -52,8 +63,9 @@ class PublicOnly(httpcore.NetworkBackend):
         self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:  # fmt: skip
-        address = judged(host, socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
-        return self.inner.connect_tcp(address, port, timeout, local_address, socket_options)
+        with unresolved(host):
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return self.inner.connect_tcp(judged(host, found), port, timeout, local_address, socket_options)
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
@@ -72,8 +84,9 @@ class AsyncPublicOnly(httpcore.AsyncNetworkBackend):
         self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:  # fmt: skip
-        address = judged(host, await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM))
-        return await self.inner.connect_tcp(address, port, timeout, local_address, socket_options)
+        with unresolved(host):
+            found = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return await self.inner.connect_tcp(judged(host, found), port, timeout, local_address, socket_options)
 
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
@@ -86,16 +99,26 @@ class AsyncPublicOnly(httpcore.AsyncNetworkBackend):
 
 # httpx takes no network backend of its own: its transport's connection pool (httpcore) is given
 # ours around the one it made (httpx and httpcore are pinned in requirements/base.txt; the tests in
-# tests/gateways/test_public_net.py fail if either moves these).
+# tests/gateways/test_public_net.py fail if either moves these). Behind an HTTP proxy named in the
+# environment (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY) the connections go to the proxy, which resolves
+# the hosts itself: httpx's own transport then, which goes through it (None: the client's default).
 
 
-def public_transport() -> httpx.HTTPTransport:
+def public_transport() -> httpx.HTTPTransport | None:
+    if behind_proxy():
+        return None
     transport = httpx.HTTPTransport()
     transport._pool._network_backend = PublicOnly(transport._pool._network_backend)
     return transport
 
 
-def async_public_transport() -> httpx.AsyncHTTPTransport:
+def async_public_transport() -> httpx.AsyncHTTPTransport | None:
+    if behind_proxy():
+        return None
     transport = httpx.AsyncHTTPTransport()
     transport._pool._network_backend = AsyncPublicOnly(transport._pool._network_backend)
     return transport
+
+
+def behind_proxy() -> bool:
+    return bool({"http", "https", "all"} & set(urllib.request.getproxies()))

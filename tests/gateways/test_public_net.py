@@ -75,6 +75,13 @@ def test_a_connection_to_a_private_address_is_refused_before_it_is_made(
     assert [path for _, path, _ in server.seen] == ["/agent/", "/agent/"]
 
 
+def test_a_name_that_does_not_resolve_fails_as_any_connection_does() -> None:
+    with httpx.Client(transport=public_net.public_transport()) as http, pytest.raises(httpx.ConnectError):
+        http.get("http://nowhere.invalid/")
+    with pytest.raises(httpx.ConnectError):
+        asyncio.run(get_async("http://nowhere.invalid/"))
+
+
 async def get_async(url: str) -> int:
     async with httpx.AsyncClient(transport=public_net.async_public_transport()) as http:
         return (await http.get(url)).status_code
@@ -110,3 +117,18 @@ def test_a_webhook_whose_name_passed_the_check_reaches_no_private_address(
     settings.AGORA_A2A_PUSH_PRIVATE_URLS = True  # a deployment whose webhooks live on its own network
     assert tasks.deliver(config, pb.Task(id="t-1", context_id="c")) is None
     assert [method for method, _, _ in server.seen] == ["POST"]
+
+
+def test_behind_a_proxy_named_in_the_environment_the_connection_goes_to_the_proxy(
+    private: tuple[str, type[Recorder]], settings: LazySettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy resolves the hosts itself: the webhook is posted through it, as before."""
+    proxy, server = private
+    settings.AGORA_A2A_PUSH_PRIVATE_URLS = False
+    monkeypatch.setattr(tasks, "validate_push_notification_url", passes)
+    monkeypatch.setenv("HTTP_PROXY", proxy.removesuffix("/agent/"))
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+
+    assert tasks.deliver(PushConfig(url="http://hooks.example/task"), pb.Task(id="t-1", context_id="c")) is None
+    assert server.seen == [("POST", "http://hooks.example/task", None)]
