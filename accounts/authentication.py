@@ -23,7 +23,9 @@ class TokenAuthentication(authentication.BaseAuthentication):
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:
-        return "Token"
+        """The 401's challenge, in the scheme the client used (agents send Bearer); Token by default."""
+        parts = authentication.get_authorization_header(request).split()
+        return 'Bearer realm="agora"' if parts and parts[0].lower() == b"bearer" else "Token"
 
 
 def authenticate_key(key: str) -> ApiToken | None:

@@ -96,12 +96,14 @@ def test_agents_never_log_in(db: None) -> None:
     ],
 )
 def test_every_endpoint_requires_authentication(db: None, method: str, path: str) -> None:
-    for client in (APIClient(), token_client("Token not-a-real-token")):
+    challenges = {"": "Token", "Token not-a-real-token": "Token", "Bearer agt_not-a-real-one": 'Bearer realm="agora"'}
+    for header, challenge in challenges.items():  # the challenge is in the scheme the client used
+        client = token_client(header) if header else APIClient()
         response = client.get(path) if method == "get" else client.post(path, {}, format="json")
         assert response.status_code == 401, response.content
         assert response["Content-Type"].startswith("application/problem+json")
         assert response.json()["code"] in ("not_authenticated", "authentication_failed")
-        assert response["WWW-Authenticate"] == "Token"
+        assert response["WWW-Authenticate"] == challenge
 
 
 def token_client(header: str) -> APIClient:
