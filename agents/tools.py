@@ -47,7 +47,7 @@ def ask_agent(
     call: Call, to: str, type: str, payload: Any, mode: str = "async", timeout_s: float | None = None
 ) -> Outcome:
     name = call.collaborator.name
-    if is_brain_worker(name) and to.removeprefix("agent:") == lead_of(name):
+    if is_brain_worker(name) and to == f"agent:{lead_of(name)}":
         raise errors.RecipientUnavailable(
             "The prompt's lead takes no questions: answer with what you have and name what is missing in "
             "next_questions, or ask a person (ask_human)."

@@ -30,8 +30,11 @@ PROMPTS_SHOWN = 10
 def prompts_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
     """Each recent prompt's plan view: prompt → support workers (live) → primary → review."""
     prompts = list(Prompt.objects.filter(saga=saga).select_related("brain")[:PROMPTS_SHOWN])
-    brains = Collaborator.objects.filter(saga=saga, name__startswith=LEAD_PREFIX)
-    runs = {c.name: c.run for c in brains.select_related("run").annotate(asking=asks_open()) if hasattr(c, "run")}
+    # Each with whether it waits on an answer to something it asked: a worker idle on one is not done
+    # (reads.outcomes), and live_status() says it waits.
+    asking = RawSQL(reads.asks_open(f'"{Collaborator._meta.db_table}"."id"'), [], output_field=BooleanField())
+    brains = Collaborator.objects.filter(saga=saga, name__startswith=LEAD_PREFIX).annotate(asking=asking)
+    runs = {c.name: c.run for c in brains.select_related("run") if hasattr(c, "run")}
     hooks = hook_outcomes(saga, prompts)
     return {
         "prompts": [
@@ -59,12 +62,6 @@ def hook_outcomes(saga: Saga, prompts: list[Prompt]) -> dict[str, list[dict[str,
              "duration_ms": result.duration_ms}
         )  # fmt: skip
     return found
-
-
-def asks_open() -> RawSQL:
-    """Whether a collaborator waits on an answer to something it asked: an idle worker that did is
-    not done (reads.outcomes), and its plan view says it waits."""
-    return RawSQL(reads.asks_open(f'"{Collaborator._meta.db_table}"."id"'), [], output_field=BooleanField())
 
 
 def live_status(run: Run | None) -> str:

@@ -13,13 +13,15 @@ socket is opened to the first of them (TLS still checks the certificate against 
 import ipaddress
 import socket
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import httpcore
 import httpx
+
+Transport = TypeVar("Transport", httpx.HTTPTransport, httpx.AsyncHTTPTransport)
 
 
 class NotPublic(Exception):
@@ -105,18 +107,15 @@ class AsyncPublicOnly(httpcore.AsyncNetworkBackend):
 
 
 def public_transport() -> httpx.HTTPTransport | None:
-    if behind_proxy():
-        return None
-    transport = httpx.HTTPTransport()
-    transport._pool._network_backend = PublicOnly(transport._pool._network_backend)
-    return transport
+    return None if behind_proxy() else around(httpx.HTTPTransport(), PublicOnly)
 
 
 def async_public_transport() -> httpx.AsyncHTTPTransport | None:
-    if behind_proxy():
-        return None
-    transport = httpx.AsyncHTTPTransport()
-    transport._pool._network_backend = AsyncPublicOnly(transport._pool._network_backend)
+    return None if behind_proxy() else around(httpx.AsyncHTTPTransport(), AsyncPublicOnly)
+
+
+def around(transport: Transport, backend: Callable[[Any], Any]) -> Transport:
+    transport._pool._network_backend = backend(transport._pool._network_backend)
     return transport
 
 
