@@ -13,7 +13,7 @@ from config.per_process import PerProcess
 from sagas import actions
 
 if TYPE_CHECKING:
-    from agents.executor import Turns
+    from agents.turns import Turns
 
 logger = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ def measure(sizes: list[int], calls: int) -> dict[str, Any]:
     from django.db import connection
 
     from accounts.models import User
-    from agents.executor import _TEAM_TOKENS_SQL
     from agents.models import TranscriptEntry
+    from agents.turns import _TEAM_TOKENS_SQL
     from config.sql import prepared
     from sagas import actions
     from sagas.models import Run, Team

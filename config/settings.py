@@ -324,7 +324,7 @@ AGORA_DEFAULT_WAIT_S = float(os.environ.get("AGORA_DEFAULT_WAIT_S", "60"))
 AGORA_MAX_WAIT_S = float(os.environ.get("AGORA_MAX_WAIT_S", "300"))
 AGORA_REQUEST_TTL_S = float(os.environ.get("AGORA_REQUEST_TTL_S", str(24 * 3600)))
 # Short, because a live worker never lets it lapse: its heartbeat renews the lease of every turn in
-# flight every third of it (agents/executor.py), through model calls and tools of any length.
+# flight every third of it (agents/heartbeat.py), through model calls and tools of any length.
 AGORA_LEASE_S = float(os.environ.get("AGORA_LEASE_S", "6"))
 AGORA_STEERING_POLL_MAX_S = float(os.environ.get("AGORA_STEERING_POLL_MAX_S", "60"))
 # A run with more to do keeps its worker for its next turns until this much time has passed

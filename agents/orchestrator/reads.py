@@ -69,7 +69,7 @@ def prompts_ahead(saga_id: Any, lead: str) -> Callable[[], list[Prompt]]:
     takes in place of a read of its own) and, on PostgreSQL, its primary role's profile
     (`profiles_read`, for primary_mcp()), read with the next statement or the COMMIT of the
     caller's transaction (config.sql.fetch_later): a prompt's worker reads them in the transaction
-    that ends its task, for the step its ending may have made ready (agents.executor)."""
+    that ends its task, for the step its ending may have made ready (agents.turns)."""
     saga_param = db_value(Saga, "id", saga_id)
     prompts = fetch_later(_RUNNING_PROMPTS_SQL, [saga_param, lead, Prompt.Status.RUNNING], *_PROMPT_SHAPE)
     runs = fetch_later(_LEAD_RUNS_SQL, [saga_param, f"{lead}.%"], Run, Collaborator)

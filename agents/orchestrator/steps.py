@@ -41,7 +41,7 @@ from sagas import actions, errors
 from sagas.models import Collaborator, Run
 
 if TYPE_CHECKING:
-    from agents.executor import Turns
+    from agents.turns import Turns
 
 logger = logging.getLogger(__name__)
 Step = Prompt.Step

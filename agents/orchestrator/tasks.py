@@ -18,7 +18,7 @@ from agents.orchestrator.actions import ring_prompt
 from agents.orchestrator.models import Prompt, lead_of
 
 if TYPE_CHECKING:
-    from agents.executor import Turns
+    from agents.turns import Turns
 
 
 @shared_task(name="agents.orchestrator.advance_prompt", acks_late=True, bind=True)

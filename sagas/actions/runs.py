@@ -322,7 +322,7 @@ def end_turn_later(*, run: Run, turn: int, more: bool, carry_on: bool = False) -
     """Leave the turn: wait on a request, come back for another turn, or go idle. With `carry_on`,
     a run that comes back keeps its worker: it stays `running` with the next turn number and a new
     lease (`running`) instead of queueing for any worker: only in the transaction that proved this
-    task's lease (the turn's own, agents/executor.py), so moving on cannot miss. `run` is the
+    task's lease (the turn's own, agents/turns.py), so moving on cannot miss. `run` is the
     turn's own object, loaded with its collaborator and carrying what park_on_request() set.
 
     Under the saga lock, so a reply or a steering item that lands at the same instant either sees

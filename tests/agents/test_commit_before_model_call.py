@@ -13,17 +13,17 @@ from django.db import DataError, connection
 
 from accounts.models import User
 from agents import providers, scripted
-from agents.executor import Turns, run_turn
+from agents.executor import run_turn
 from agents.models import AgentProfile
 from agents.orchestrator import steps
 from agents.orchestrator.actions import submit_prompt
 from agents.orchestrator.tasks import run_here
+from agents.turns import Turns
 from config.sql import defer
 from journal.models import JournalEvent
 from sagas import actions, wakeups
 from sagas.models import Run, Saga
 from tests.agents.fake_llm import FakeLLM, say, tool_call
-from tests.agents.test_orchestrator import fake_brain  # noqa: F401  (a fixture, used by name)
 
 pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the PostgreSQL backend's"),

@@ -16,9 +16,10 @@ from django.utils import timezone
 from psycopg import pq
 
 from accounts.models import User
-from agents import executor, scripted, transcripts
+from agents import scripted, transcripts
 from agents.executor import run_one, run_turn
 from agents.models import AgentProfile, TranscriptEntry
+from agents.turns import Turns
 from journal.models import JournalEvent
 from sagas import actions
 from sagas.models import AgentRequest, Collaborator, Run, Saga, SteeringItem
@@ -155,17 +156,17 @@ def test_a_turn_that_comes_to_rest_with_a_request_just_in_takes_it_in_its_next_t
     saga: Saga, alice: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     echo, asker, first = asked(saga, alice)
-    call_models = executor.Turns.call_models
+    call_models = Turns.call_models
     late: list[AgentRequest] = []
 
-    def with_a_request_during_the_last_call(turns: executor.Turns, messages: Any) -> Any:
+    def with_a_request_during_the_last_call(turns: Turns, messages: Any) -> Any:
         answer = call_models(turns, messages)
         completion, _ = answer
         if not late and completion is not None and not completion.tool_calls:  # after the reply: it will rest
             late.append(ping(asker, 2))
         return answer
 
-    monkeypatch.setattr(executor.Turns, "call_models", with_a_request_during_the_last_call)
+    monkeypatch.setattr(Turns, "call_models", with_a_request_during_the_last_call)
     rested = JournalEvent.objects.filter(saga=saga, run_id=echo.run.pk, type="run.idle")
     before = rested.count()
 
@@ -185,9 +186,9 @@ def test_a_turn_taken_over_during_its_model_call_writes_nothing_of_what_followed
     saga: Saga, alice: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     echo, asker, request = asked(saga, alice)
-    call_models = executor.Turns.call_models
+    call_models = Turns.call_models
 
-    def taken_over(turns: executor.Turns, messages: Any) -> Any:
+    def taken_over(turns: Turns, messages: Any) -> Any:
         answer = call_models(turns, messages)
         # Meanwhile the lease lapsed and the reconciler gave the turn back to the queue.
         assert actions.reclaim_lapsed_turn(
@@ -195,7 +196,7 @@ def test_a_turn_taken_over_during_its_model_call_writes_nothing_of_what_followed
         )
         return answer
 
-    monkeypatch.setattr(executor.Turns, "call_models", taken_over)
+    monkeypatch.setattr(Turns, "call_models", taken_over)
 
     run_turn(echo.run.pk)  # the reply it would have sent rides after a renewal that finds no turn
 
