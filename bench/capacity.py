@@ -43,7 +43,7 @@ from typing import Any
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BASE_DIR))
 
-from bench.ask_agent_rtt import PROFILES, Agora, Worker, configure, loadavg, write_playbooks  # noqa: E402
+from bench.ask_agent_stack import PROFILES, Agora, Worker, configure, loadavg, write_playbooks  # noqa: E402
 from bench.journal_append import PG_SERVER, postgres_database  # noqa: E402
 from tests.support import RedisServer  # noqa: E402
 

@@ -1,15 +1,19 @@
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rest_framework.test import APIClient
 
 from accounts.models import User
 from agents import providers
 from agents.actions import load_profiles
+from agents.orchestrator.actions import load_brains
 from sagas import actions
 from sagas.models import Collaborator, Saga
 from tests.agents.fake_llm import FakeLLM
+from tests.agents.orchestration_support import BRAIN_PROFILES, BRAINS, FAKE_MODELS
 from tests.sagas.kernel import AddAgent
 from tests.support import CeleryWorker
 
@@ -85,3 +89,42 @@ def add_internal(saga: Saga, alice: User) -> AddAgent:
         return collaborator
 
     return add
+
+
+@pytest.fixture
+def default_brain(transactional_db: None) -> None:
+    load_profiles(entries=json.loads(BRAIN_PROFILES.read_text()))
+    load_brains(entries=json.loads(BRAINS.read_text()))
+
+
+@pytest.fixture
+def fake_brain(transactional_db: None) -> None:
+    """A brain whose every role runs on the fake OpenAI-compatible server, without fallbacks."""
+    load_profiles(
+        entries=[
+            {"name": f"f-{role}", "role": role.title(), "model": model, "tools": ["finish"], "max_turns": 4}
+            for role, model in FAKE_MODELS.items()
+        ]
+    )
+    load_brains(
+        entries=[
+            {
+                "name": "fake",
+                "planner_profile": "f-router",
+                "roles": {role: f"f-{role}" for role in FAKE_MODELS if role != "router"},
+                "signals": {"coder": ["implement"], "tester": [r"\btests?\b"], "writer": ["changelog"]},
+                "default_primary": "coder",
+                "review_policy": "blocked",
+            }
+        ]
+    )
+
+
+@pytest.fixture
+def client_for() -> Callable[[User], APIClient]:
+    def make(user: User) -> APIClient:
+        client = APIClient()
+        client.force_authenticate(user)
+        return client
+
+    return make

@@ -18,7 +18,7 @@ from agents.orchestrator.actions import load_brains, submit_prompt
 from sagas import actions
 from sagas.models import Saga
 from tests.agents.hooks_support import command
-from tests.agents.test_orchestrator import BRAIN_PROFILES, BRAINS
+from tests.agents.orchestration_support import BRAIN_PROFILES, BRAINS
 
 pytestmark = pytest.mark.django_db
 

@@ -20,12 +20,7 @@ from sagas import actions
 from sagas.models import Collaborator, Saga
 from tests.agents.fake_llm import FakeLLM, say, tool_call
 from tests.agents.hooks_support import alive, command, python
-from tests.agents.test_orchestrator import (
-    fake_brain,  # noqa: F401  (a fixture, used by name in pytestmark)
-    request_text,
-    settled,
-    submit,
-)
+from tests.agents.orchestration_support import request_text, settled, submit
 from tests.support import CeleryWorker, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("fake_brain")]

@@ -19,7 +19,6 @@ from agents.orchestrator.actions import submit_prompt
 from agents.orchestrator.models import Brain, Prompt
 from sagas import actions
 from sagas.models import Collaborator, Run, Saga
-from tests.agents.test_orchestrator import fake_brain  # noqa: F401  (a fixture, used by name in pytestmark)
 
 pytestmark = pytest.mark.usefixtures("fake_brain", "inline_hooks")
 

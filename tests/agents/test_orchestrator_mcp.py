@@ -15,8 +15,8 @@ from agents.orchestrator.models import Prompt
 from journal.models import JournalEvent
 from sagas.models import Collaborator, Saga
 from tests.agents.fake_llm import FakeLLM, say, tool_call
+from tests.agents.orchestration_support import settled, submit
 from tests.agents.test_mcp import stdio_server
-from tests.agents.test_orchestrator import settled, submit
 from tests.agents.test_runtime import tool_result
 from tests.support import CeleryWorker
 
