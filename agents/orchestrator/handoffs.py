@@ -104,6 +104,13 @@ def clipped_packet(packet: Handoff, cut: int | None) -> Handoff:
                                "original_prompt": clip(task["original_prompt"], cut)}}  # fmt: skip
 
 
+def _choice(value: Any, allowed: tuple[str, ...]) -> str | None:
+    """The allowed value a model meant, whatever its case and surrounding spaces (`" Approve "` is
+    `approve`); None when it is none of them."""
+    token = value.strip().lower() if isinstance(value, str) else None
+    return token if token in allowed else None
+
+
 def _strings(value: Any) -> list[str]:
     if isinstance(value, str):
         return [value] if value.strip() else []
@@ -116,7 +123,7 @@ def artifact_name(entry: Any) -> str | None:
     """The saga artifact an entry names: a bare name (`spec.md`, `@artifact:spec.md`), or an entry
     of kind `artifact` whose `name` or `uri` is one. None for anything else."""
     if isinstance(entry, dict):
-        if entry.get("kind") != "artifact":
+        if _choice(entry.get("kind"), ("artifact",)) is None:
             return None
         entry = entry.get("name") or entry.get("uri")
     named = ARTIFACT_NAMED.fullmatch(entry.strip()) if isinstance(entry, str) else None
@@ -166,7 +173,7 @@ def normalize_worker_result(output: Any, packet: Handoff, *, resolve: ArtifactRe
         "handoff_id": packet["id"],
         "task_id": packet["task"]["id"],
         "parent_id": packet["task"]["parent_id"],
-        "progress": {"status": status if status in PROGRESS else "completed"},
+        "progress": {"status": _choice(status, PROGRESS) or "completed"},
         "summary": summary,
         "artifacts": artifacts,
         "risks": _strings(data.get("risks")) + missing,
@@ -258,7 +265,7 @@ def gate_review(output: Any, results: list[dict[str, Any]], *, policy: str) -> d
     a failed check or failed itself; a missing or malformed review becomes what the brain's policy
     says (`blocked` or `changes_requested`)."""
     data = output if isinstance(output, dict) else parse_json_object(output) if isinstance(output, str) else None
-    if data is None or data.get("decision") not in DECISIONS:
+    if data is None or (decision := _choice(data.get("decision"), DECISIONS)) is None:
         return {
             "decision": policy,
             "confidence": 0.0,
@@ -270,15 +277,15 @@ def gate_review(output: Any, results: list[dict[str, Any]], *, policy: str) -> d
         }
     findings = [
         {
-            "severity": f.get("severity") if f.get("severity") in SEVERITIES else "info",
+            "severity": _choice(f.get("severity"), SEVERITIES) or "info",
             "title": str(f.get("title", "")),
             "detail": str(f.get("detail", "")),
         }
         for f in _list(data.get("findings"))
         if isinstance(f, dict)
     ]
-    review = {
-        "decision": data["decision"],
+    review: dict[str, Any] = {
+        "decision": decision,
         "confidence": _confidence(data.get("confidence")),
         "findings": findings,
         "required_changes": _strings(data.get("required_changes")),
@@ -291,7 +298,7 @@ def gate_review(output: Any, results: list[dict[str, Any]], *, policy: str) -> d
         a.get("label") or a["uri"]
         for r in results
         for a in r["artifacts"]
-        if a.get("kind") == "check" and a.get("status") == "failed"
+        if _choice(a.get("kind"), ("check",)) and _choice(a.get("status"), ("failed",))
     ]
     if review["decision"] == "approve" and (failed or failed_checks):
         review["decision"] = "changes_requested"

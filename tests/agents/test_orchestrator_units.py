@@ -271,3 +271,30 @@ def test_a_missing_or_malformed_review_follows_the_policy() -> None:
 def test_the_review_is_merged_into_the_answer() -> None:
     review = handoffs.gate_review({"decision": "approve", "residual_risks": ["partner sync"]}, [], policy="blocked")
     assert handoffs.merge_review("Do X.", review) == "Do X.\n\nReview: approve\n- risk: partner sync"
+
+
+def test_the_gate_reads_decisions_and_severities_whatever_their_case_and_spaces() -> None:
+    findings = [{"severity": s, "title": "t", "detail": "d"} for s in ("HIGH", " Medium ", "Low\n", "urgent", None)]
+    review = handoffs.gate_review({"decision": " Changes_Requested ", "findings": findings}, [], policy="blocked")
+    assert review["decision"] == "changes_requested" and review["source"] == "reviewer"
+    assert [f["severity"] for f in review["findings"]] == ["high", "medium", "low", "info", "info"]
+    assert handoffs.gate_review('{"decision": "APPROVE"}', [], policy="blocked")["decision"] == "approve"
+    assert handoffs.gate_review({"decision": ["approve"]}, [], policy="blocked")["source"] == "policy"
+
+
+def test_a_failed_check_or_worker_demotes_an_approval_whatever_its_case() -> None:
+    failing = executed("tester", artifacts=[{"kind": " Check", "uri": "t.py", "label": "suite", "status": "FAILED"}])
+    review = handoffs.gate_review({"decision": "Approve"}, [failing], policy="blocked")
+    assert review["decision"] == "changes_requested" and "check failed: suite" in review["residual_risks"]
+    failed = executed("coder", status=" Failed ")
+    assert failed["status"] == "failed"
+    review = handoffs.gate_review({"decision": "approve"}, [failed], policy="blocked")
+    assert review["decision"] == "changes_requested" and "worker coder failed" in review["residual_risks"]
+
+
+def test_an_artifact_kind_is_read_whatever_its_case() -> None:
+    artifacts = [{"kind": "Artifact ", "uri": "spec.md"}, {"kind": "ARTIFACT", "name": "x.md"}]
+    output = {"summary": "x", "artifacts": artifacts}
+    result = handoffs.normalize_worker_result(output, PACKET, resolve=known_artifacts)
+    assert [a["uri"] for a in result["artifacts"]] == ["/api/v1/sagas/s1/artifacts/spec.md"]
+    assert result["risks"] == ["Artifact x.md is not in this saga: the result names it, nothing was attached."]
