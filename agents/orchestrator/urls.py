@@ -11,4 +11,5 @@ api_urls = [
 
 page_urls = [
     path("sagas/<uuid:saga_id>/prompts/", views.submit_prompt, name="prompt-submit"),
+    path("sagas/<uuid:saga_id>/prompts/<uuid:prompt_id>/", views.prompt_page, name="prompt-page"),
 ]

@@ -10,9 +10,9 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import BooleanField, Q
 from django.db.models.expressions import RawSQL
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import User
 from agents.hooks.lifecycle import FEEDBACK_HEADING
@@ -24,25 +24,51 @@ from sagas import errors
 from sagas.access import may_manage
 from sagas.models import Collaborator, Run, Saga
 
-PROMPTS_SHOWN = 10
+PROMPTS_SHOWN = 10  # plan views on the saga page; older prompts are listed, each with a page of its own
+OLDER_LISTED = 100
 
 
 def prompts_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
-    """Each recent prompt's plan view: prompt → support workers (live) → primary → review."""
-    prompts = list(Prompt.objects.filter(saga=saga).select_related("brain")[:PROMPTS_SHOWN])
-    # Each with whether it waits on an answer to something it asked: a worker idle on one is not done
-    # (reads.outcomes), and live_status() says it waits.
-    asking = RawSQL(reads.asks_open(f'"{Collaborator._meta.db_table}"."id"'), [], output_field=BooleanField())
-    brains = Collaborator.objects.filter(saga=saga, name__startswith=LEAD_PREFIX).annotate(asking=asking)
-    runs = {c.name: c.run for c in brains.select_related("run") if hasattr(c, "run")}
-    hooks = hook_outcomes(saga, prompts)
+    """Each recent prompt's plan view: prompt → support workers (live) → primary → review → the
+    final answer; then links to the older ones."""
+    prompts = Prompt.objects.filter(saga=saga)
+    recent = list(prompts.select_related("brain")[:PROMPTS_SHOWN])
+    older = (
+        list(prompts.only("id", "text", "status", "created_at")[PROMPTS_SHOWN : PROMPTS_SHOWN + OLDER_LISTED + 1])
+        if len(recent) == PROMPTS_SHOWN
+        else []
+    )
     return {
-        "prompts": [
-            {**plan_view(p, runs, hooks.get(str(p.pk), [])), "hooks": hooks.get(str(p.pk), [])} for p in prompts
-        ],
+        "prompts": plan_views(saga, recent),
+        "older": older[:OLDER_LISTED],
+        "older_more": len(older) > OLDER_LISTED,
         "can_prompt": may_manage(request.user, saga) and not saga.is_finished,
         "brains": list(Brain.objects.values_list("name", flat=True)),
     }
+
+
+def plan_views(saga: Saga, prompts: list[Prompt]) -> list[dict[str, Any]]:
+    """The plan views of a saga's prompts, with their workers' runs and hook runs (two queries)."""
+    # Each with whether it waits on an answer to something it asked: a worker idle on one is not done
+    # (reads.outcomes), and live_status() says it waits.
+    asking = RawSQL(reads.asks_open(f'"{Collaborator._meta.db_table}"."id"'), [], output_field=BooleanField())
+    # One prompt's workers, or all the saga's orchestrations' (a page of recent ones).
+    names = prompts[0].lead_name if len(prompts) == 1 else LEAD_PREFIX
+    brains = Collaborator.objects.filter(saga=saga, name__startswith=names).annotate(asking=asking)
+    runs = {c.name: c.run for c in brains.select_related("run") if hasattr(c, "run")}
+    hooks = hook_outcomes(saga, prompts)
+    return [{**plan_view(p, runs, hooks.get(str(p.pk), [])), "hooks": hooks.get(str(p.pk), [])} for p in prompts]
+
+
+@login_required
+@require_GET
+def prompt_page(request: HttpRequest, saga_id: UUID, prompt_id: UUID) -> HttpResponse:
+    """One prompt's plan view on a page of its own, for anyone who may see the saga: an older prompt
+    that the saga page no longer shows, or a link to one (it stays readable after the saga ends)."""
+    saga = get_object_or_404(Saga.objects.visible_to(request.user), pk=saga_id)
+    prompt = get_object_or_404(Prompt.objects.select_related("brain"), pk=prompt_id, saga=saga)
+    (view,) = plan_views(saga, [prompt])
+    return render(request, "agents/prompt.html", {"saga": saga, "view": view})
 
 
 def hook_outcomes(saga: Saga, prompts: list[Prompt]) -> dict[str, list[dict[str, Any]]]:
@@ -101,6 +127,12 @@ def plan_view(prompt: Prompt, runs: dict[str, Run], hooks: list[dict[str, Any]] 
         )
     primary_run = runs.get(prompt.worker_name("primary"))
     review_run = runs.get(prompt.worker_name("review"))
+    review = prompt.review or {}
+    # What the user gets once the prompt is over: the answer with the review merged in and the Stop
+    # hook's feedback after it (a prompt ended without one has at most the primary's answer). While
+    # it runs there is none yet: the primary's answer shows under the primary.
+    final = "" if prompt.status == Prompt.Status.RUNNING else prompt.final_answer or prompt.answer
+    answer, _, feedback = final.partition(f"\n\n{FEEDBACK_HEADING}\n")
     return {
         "prompt": prompt,
         "plan": plan,
@@ -110,9 +142,10 @@ def plan_view(prompt: Prompt, runs: dict[str, Run], hooks: list[dict[str, Any]] 
             "status": "completed" if prompt.answer else live_status(primary_run) if primary_run else "waiting",
         },
         "review_needed": bool(plan.get("requires_review")) and not prompt.is_team,
-        "review_status": (prompt.review or {}).get("decision")
-        or (live_status(review_run) if review_run else "waiting"),
-        "feedback": prompt.final_answer.partition(f"\n\n{FEEDBACK_HEADING}\n")[2],
+        "review": review,
+        "review_status": review.get("decision") or (live_status(review_run) if review_run else "waiting"),
+        "final_answer": answer,
+        "feedback": feedback,
     }
 
 

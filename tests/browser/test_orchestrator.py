@@ -47,6 +47,10 @@ def test_the_prompt_box_and_the_plan_view_updating_live(
         expect(plan).to_have_attribute("data-status", "completed", timeout=60_000)
         expect(plan.locator('[data-step="review"]')).to_have_attribute("data-decision", "approve")
         expect(plan.locator('[data-step="primary"]')).to_contain_text("opaque cursor")
+        # The review's confidence under its decision, then the final answer with the review merged in.
+        expect(plan.locator('[data-step="review"] [data-confidence]')).to_have_text("confidence 0.80")
+        expect(plan.locator('[data-step="final"]')).to_contain_text("opaque cursor")
+        expect(plan.locator('[data-step="final"]')).to_contain_text("Review: approve")
         expect(plan.locator('[data-role="tester"]')).to_contain_text("Twelve cases")
         assert page.evaluate("window.sameDocument") is True  # updated in place, never reloaded
         page.locator("#prompts").screenshot(path=str(artifacts / "plan-view.png"))  # for a person to look at
