@@ -37,8 +37,11 @@ class AgentProfile(models.Model):
     def candidates(self) -> list[str]:
         return [self.model, *self.fallback_models]
 
-    def can_run_on(self, model: str) -> bool:
-        return set(self.requires) <= set(self.model_capabilities.get(model, []))
+    def lacks(self, model: str, *, also: list[str] | None = None) -> list[str]:
+        """The capabilities `model` lacks of those this profile requires, and of `also` (what
+        this call needs besides: `vision` for a prompt that carries images)."""
+        has = self.model_capabilities.get(model, [])
+        return [c for c in dict.fromkeys([*self.requires, *(also or [])]) if c not in has]
 
 
 def missing_profiles(names: set[str]) -> set[str]:

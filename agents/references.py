@@ -3,7 +3,7 @@ prompt's saga; `@@<saga-id>` appends a summary of a prior saga the prompting per
 
 A saga they may not see is refused with `not_found`, worded exactly as for a saga that does not
 exist, before anything of it is read; unknown artifact names are one `invalid_payload` naming
-them all. Image artifacts mark the prompt as needing vision.
+them all. Image artifacts go to the models as images (agents.images): only to those that can see them.
 """
 
 import json
@@ -28,7 +28,7 @@ LAST_ANSWERS = 3
 
 class Expansion(NamedTuple):
     text: str
-    needs_vision: bool
+    images: list[str]  # the image artifacts it references, by name, in order: they go to the models as images
 
 
 def expand_references(*, text: str, saga: Saga, user: Any) -> Expansion:
@@ -44,7 +44,7 @@ def expand_references(*, text: str, saga: Saga, user: Any) -> Expansion:
         )
     sections = [artifact_section(artifacts[n]) for n in names] + [saga_section(s, user) for s in prior]
     expanded = "\n\n".join([text, *sections]) if sections else text
-    return Expansion(text=expanded, needs_vision=any(a.is_image for a in artifacts.values()))
+    return Expansion(text=expanded, images=[n for n in names if artifacts[n].is_image])
 
 
 def check_references(*, text: str, saga: Saga, user: Any) -> None:
@@ -59,12 +59,6 @@ def check_references(*, text: str, saga: Saga, user: Any) -> None:
             f"Unknown artifacts in this saga: {', '.join(unknown)}.",
             errors={"artifacts": [f"No artifact {n} in this saga." for n in unknown]},
         )
-
-
-def image_artifacts(*, text: str, saga: Saga) -> list[Artifact]:
-    """The image artifacts a prompt references, for the vision roles that get them."""
-    names = unique(ARTIFACT_REF.findall(text))
-    return [a for a in Artifact.objects.filter(saga=saga, name__in=names).order_by("name") if a.is_image]
 
 
 def artifact_refs(*, saga: Saga, names: list[str]) -> list[dict[str, Any]]:

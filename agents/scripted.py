@@ -33,6 +33,13 @@ def header(**attrs: Any) -> str:
     return "<<agora " + " ".join(f'{k}="{v}"' for k, v in attrs.items() if v not in (None, "")) + ">>"
 
 
+def text_of(content: Any) -> str:
+    """A message's text: its content, or its text parts joined (a message that carries images)."""
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return str(content or "")
+
+
 def parse_items(content: str) -> list[tuple[dict[str, str], Any]]:
     """The (header attributes, payload) pairs in a rendered steering message."""
     matches = list(HEADER_RE.finditer(content))
@@ -83,7 +90,7 @@ def next_move(name: str, messages: list[dict[str, Any]]) -> tuple[str, list[dict
     for message in messages[last_assistant + 1 :]:
         if message["role"] != "user":
             continue
-        for attrs, payload in parse_items(str(message.get("content") or "")):
+        for attrs, payload in parse_items(text_of(message.get("content"))):
             if attrs.get("kind") == "request" and (question := ask_back(playbook, attrs)):
                 calls.append(question)
             elif attrs.get("kind") == "request" and (reply := reply_for(playbook, attrs.get("type", ""), payload)):
@@ -117,7 +124,7 @@ def ready(step: dict[str, Any], messages: list[dict[str, Any]]) -> bool:
         1
         for m in messages
         if m["role"] == "user"
-        for attrs, _ in parse_items(str(m.get("content") or ""))
+        for attrs, _ in parse_items(text_of(m.get("content")))
         if attrs.get("kind") == "request" and attrs.get("type") == after["type"]
     )
     return seen >= int(after.get("count", 1))

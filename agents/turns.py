@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from agents import scripted
 from agents.hooks.lifecycle import CONTEXT_HEADING
+from agents.images import VISION, artifact_names, for_request, with_images
 from agents.mcp import runtime as mcp
 from agents.messages import distinct_call_ids, render, tool_message
 from agents.models import AgentProfile
@@ -68,6 +69,7 @@ class Turns:
         # (read_for_orchestrator()); None when the last transaction did not end them.
         self.orchestrator_read: Callable[[], list[Prompt]] | None = None
         profile, kind, name, *self.start_read = claimed.also
+        self.images = starts.prompt_images(self.start_read)  # a prompt's worker: its images, if it has any
         self.profile: AgentProfile | None = profile  # None: the turn fails the run (begin())
         self.mcp = mcp.RunTools(run.pk, profile.mcp_servers if profile else [])
         self.delegator = f"{kind}:{name}" if kind else ""  # who handed this run its task, if someone did
@@ -280,7 +282,7 @@ class Turns:
         messages: list[dict[str, Any]] = []
         if not self.transcript.messages:
             messages.append({"role": "system", "content": self.system_prompt()})
-            messages.append({"role": "user", "content": self.first_input()})
+            messages.append({"role": "user", "content": with_images(self.first_input(), self.images)})
         items = actions.consume_steering(recipient=self.collaborator, turn=self.turn)
         if items:
             messages.append({"role": "user", "content": "\n\n".join(render(item) for item in items)})
@@ -353,11 +355,13 @@ class Turns:
         if report := self.mcp.connect():
             self.journal("mcp_connect", {"servers": report})
         tools = schemas(self.profile.tools, saga_id=self.saga_id) + self.mcp.schemas()
+        if artifact_names(history):  # read from the database: after the COMMIT sent before the call
+            self.committed()
+            history = for_request(history, saga_id=self.saga_id)
+        also = [VISION] if self.images else []
         for model in self.profile.candidates:
-            if self.profile.requires and not self.profile.can_run_on(model):
-                self.journal(
-                    "model_skipped", {"role": self.profile.role, "model": model, "lacks": self.profile.requires}
-                )
+            if lacks := self.profile.lacks(model, also=also):
+                self.journal("model_skipped", {"role": self.profile.role, "model": model, "lacks": lacks})
                 continue
             started = time.perf_counter()
             try:

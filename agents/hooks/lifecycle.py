@@ -35,7 +35,7 @@ class PreparedPrompt:
     """A prompt ready to route, or the block that ended it."""
 
     text: str
-    needs_vision: bool = False
+    images: tuple[str, ...] = ()  # the image artifacts the prompt references, by name
     blocked_by: str = ""  # the blocking handler's label
     reason: str = ""
     event: Event | None = None  # the event that blocked
@@ -60,7 +60,7 @@ def prepare_prompt(
     )  # fmt: skip
     if start.blocked:
         return blocked(text, start)
-    expanded, needs_vision = expand_references(text=text, saga=saga, user=user)
+    expanded, images = expand_references(text=text, saga=saga, user=user)
     submit = run_hooks(
         saga_id=saga.pk, event=Event.USER_PROMPT_SUBMIT, payload={**base, "prompt": expanded},
         key=hook_key(prompt_id, Event.USER_PROMPT_SUBMIT), brain=brain, hooked=hooked,
@@ -70,7 +70,7 @@ def prepare_prompt(
     contexts = [o.context for o in (start, submit) if o.context]
     if contexts:
         expanded = "\n\n".join([expanded, CONTEXT_HEADING, *contexts])
-    return PreparedPrompt(text=expanded, needs_vision=needs_vision, hooks=(start, submit))
+    return PreparedPrompt(text=expanded, images=tuple(images), hooks=(start, submit))
 
 
 def blocked(text: str, *outcomes: HookOutcome) -> PreparedPrompt:

@@ -5,6 +5,7 @@ import logging
 import re
 from functools import partial
 from typing import Any
+from urllib.parse import urlsplit
 
 from celery import current_app
 from django.db import IntegrityError, transaction
@@ -25,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 ADVANCE_TASK = "agents.orchestrator.advance_prompt"
 MAX_PROMPT_CHARS = 20_000
+MAX_IMAGES, MAX_IMAGE_URL = 8, 2000  # images a prompt carries, and the characters of each one's URL
 ROLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")  # fullmatch
 
 
@@ -48,6 +50,15 @@ def check_may_prompt(user: User, saga: Saga) -> None:
     """Only managers of the saga submit prompts (checked first: a refused caller learns nothing of its body)."""
     if not may_manage(user, saga):
         raise errors.Forbidden("Only managers of the saga submit prompts.")
+
+
+def is_image_url(url: object) -> bool:
+    """An image a prompt carries: an http(s) URL, which the models that can see images fetch (an
+    image uploaded to the saga is an artifact, referenced in the prompt's text instead)."""
+    if not isinstance(url, str) or len(url) > MAX_IMAGE_URL or any(c.isspace() for c in url):
+        return False
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 @transaction.atomic
@@ -77,6 +88,13 @@ def submit_prompt(
         raise errors.InvalidPayload("An empty prompt.", errors={"prompt": ["Required."]})
     if len(text) > MAX_PROMPT_CHARS:
         raise errors.InvalidPayload("The prompt is too long.", errors={"prompt": [f"At most {MAX_PROMPT_CHARS}."]})
+    if len(images) > MAX_IMAGES:
+        raise errors.InvalidPayload("Too many images.", errors={"images": [f"At most {MAX_IMAGES}."]})
+    if bad := [i for i, url in enumerate(images) if not is_image_url(url)]:
+        raise errors.InvalidPayload(
+            "An image is not a URL.",
+            errors={"images": [f"Item {i}: an http(s) URL of at most {MAX_IMAGE_URL} characters." for i in bad]},
+        )
     # Refused here, before anything is created; the worker expands them (hooks run only there).
     check_references(text=text, saga=saga, user=by)
     if chosen is None:

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import User
-from agents.orchestrator.actions import check_may_prompt, submit_prompt
+from agents.orchestrator.actions import MAX_IMAGE_URL, MAX_IMAGES, check_may_prompt, submit_prompt
 from agents.orchestrator.models import Prompt
 from config.openapi import IDEMPOTENCY_KEY, Shape, problems
 from config.params import idempotency_key
@@ -26,7 +26,12 @@ class PromptCreateInput(Shape):
     team = serializers.ListField(child=serializers.CharField(max_length=40), required=False, default=list)
     brain = serializers.CharField(max_length=64, required=False, default="", allow_blank=True)  # "": the default
     images = serializers.ListField(
-        child=serializers.CharField(max_length=2000), required=False, default=list, max_length=8
+        child=serializers.CharField(max_length=MAX_IMAGE_URL),
+        required=False,
+        default=list,
+        max_length=MAX_IMAGES,
+        help_text="http(s) URLs of images, for the roles whose models can see them (an uploaded image is an "
+        "artifact: reference it in the prompt as @artifact:<name>).",
     )
 
 
@@ -48,7 +53,9 @@ class PromptOutput(serializers.Serializer):
         allow_blank=True, help_text="The prompt as routed: references expanded, hook context added."
     )
     team = serializers.ListField(child=serializers.CharField())
-    plan = serializers.JSONField(allow_null=True, help_text="{primary_role, workers, requires_review, reason, source}")
+    plan = serializers.JSONField(
+        allow_null=True, help_text="{primary_role, workers, requires_review, reason, source, images?}"
+    )
     results = serializers.JSONField(
         help_text="Each support worker's WorkerResult, with its role and goal. Its `artifacts` are context "
         "references `{kind, uri, label}`; one of kind `artifact` is a saga artifact the worker named, its `uri` "

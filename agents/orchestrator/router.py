@@ -5,11 +5,10 @@ Outside any transaction; a routing step that runs again simply asks again."""
 import time
 from typing import Any
 
+from agents.images import VISION, for_request, with_images
 from agents.models import AgentProfile, profile_named
 from agents.providers import ProviderError, provider_for
 from journal.actions import record
-
-VISION = "vision"
 
 
 def vision_roles(roles: dict[str, str]) -> set[str]:
@@ -23,23 +22,22 @@ def vision_roles(roles: dict[str, str]) -> set[str]:
     }
 
 
-def ask_router(*, profile_name: str, text: str, saga_id: Any, actor: str, needs_vision: bool) -> tuple[str | None, str]:
-    """(the router's text, "") or (None, why there is none)."""
+def ask_router(*, profile_name: str, text: str, saga_id: Any, actor: str, images: list[str]) -> tuple[str | None, str]:
+    """(the router's text, "") or (None, why there is none). A prompt's `images` go with the
+    request, and only to candidates that can see them."""
     profile = profile_named(profile_name)
     if profile is None:
         return None, f"no planner profile {profile_name!r}"
-    messages = [
-        {"role": "system", "content": profile.system_prompt or "You route requests to specialist agents."},
-        {"role": "user", "content": text},
-    ]
+    sent = for_request(
+        [
+            {"role": "system", "content": profile.system_prompt or "You route requests to specialist agents."},
+            {"role": "user", "content": with_images(text, images)},
+        ],
+        saga_id=saga_id,
+    )
     errors = []
     for model in profile.candidates:
-        lacks = [
-            c
-            for c in ([VISION] if needs_vision else []) + profile.requires
-            if c not in profile.model_capabilities.get(model, [])
-        ]
-        if lacks:
+        if lacks := profile.lacks(model, also=[VISION] if images else []):
             record(
                 saga_id=saga_id,
                 type="model_skipped",
@@ -49,7 +47,7 @@ def ask_router(*, profile_name: str, text: str, saga_id: Any, actor: str, needs_
             continue
         started = time.perf_counter()
         try:
-            completion = provider_for(model, profile.endpoint).complete(model=model, messages=messages, tools=[])
+            completion = provider_for(model, profile.endpoint).complete(model=model, messages=sent, tools=[])
         except ProviderError as exc:
             record(
                 saga_id=saga_id,

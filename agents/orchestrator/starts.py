@@ -58,7 +58,15 @@ def pending_start(saga_id: Any, name: str, read: Sequence[Any]) -> Pending | Non
     )  # fmt: skip
 
 
-# What pending_start() reads, in the statement that reads a worker's queued run (agents/executor.py:
+def prompt_images(read: Sequence[Any]) -> list[str]:
+    """The images of the prompt whose worker this run is (its plan's, set by routing), from the
+    values of START_COLUMNS: what its model calls send, and need models that can see."""
+    prompt_id, plan = read[0], read[1]
+    images = (py_value(Prompt, "plan", plan) or {}).get("images") if prompt_id is not None else None
+    return [str(url) for url in images] if isinstance(images, list) else []
+
+
+# What pending_start() and prompt_images() read, in the statement that reads a worker's queued run (agents/executor.py:
 # every support worker's first task needs it, and a statement of its own would be one more round
 # trip): the prompt that the run's delegator (`d`, the run's delegation) leads, the name of its
 # brain, and whether that brain has a SubagentStart handler.

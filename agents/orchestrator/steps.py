@@ -30,6 +30,7 @@ from agents import references
 from agents.hooks import Event, PreparedPrompt, hook_key, prepare_prompt, run_hooks
 from agents.hooks.lifecycle import FEEDBACK_HEADING
 from agents.hooks.models import handlers_for
+from agents.images import ARTIFACT
 from agents.mcp import runtime as mcp
 from agents.models import profile_named
 from agents.orchestrator import handoffs, plans, router
@@ -115,23 +116,27 @@ def route(prompt: Prompt, here: "Here") -> bool:
     if entry.blocked:
         return end_blocked(prompt, entry)
     prompt.expanded = text = entry.text
-    vision = bool(prompt.images) or entry.needs_vision
+    images = [*prompt.images, *(f"{ARTIFACT}{name}" for name in entry.images)]
+    seeing = router.vision_roles(brain.roles) if images else None
     if prompt.is_team:
+        if seeing is not None and (blind := [r for r in prompt.team if r not in seeing]):
+            return fail(prompt, Step.ROUTING, f"The prompt carries images, which {', '.join(blind)} cannot see.")
         plan = plans.forced_plan(prompt.team)
     else:
-        allowed = router.vision_roles(brain.roles) if vision else None
-        routing = plans.Routing.of(brain, allowed=allowed)
+        routing = plans.Routing.of(brain, allowed=seeing)
         if not routing.support_roles:
             return fail(prompt, Step.ROUTING, "No role of this brain can see images.")
         fallback = plans.heuristic_plan(text, routing)
         answer, error = router.ask_router(
             profile_name=brain.planner_profile,
-            text=plans.router_prompt(text, routing, has_images=vision),
+            text=plans.router_prompt(text, routing, has_images=bool(images)),
             saga_id=prompt.saga_id,
             actor=handle(prompt),
-            needs_vision=vision,
+            images=images,
         )
         plan = plans.normalize_router_decision(answer, routing, fallback, error=error)
+    if images:  # every worker of the prompt gets them, and runs only on models that can see them
+        plan["images"] = images
     with actions.saga_transaction(prompt.saga):
         if not move(prompt, Step.ROUTING, Step.WORKERS, plan=plan, expanded=text):
             return False

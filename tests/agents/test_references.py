@@ -8,7 +8,7 @@ from django.db import transaction
 from rest_framework.test import APIClient
 
 from accounts.models import User
-from agents.references import artifact_refs, expand_references, image_artifacts, resolve_artifacts
+from agents.references import artifact_refs, expand_references, resolve_artifacts
 from journal.actions import record
 from sagas import actions, errors
 from sagas.models import Run, Saga
@@ -44,11 +44,11 @@ def prior(alice: User) -> Saga:
 
 
 def test_an_artifact_reference_appends_its_text(saga: Saga, alice: User) -> None:
-    text, vision = expand_references(
+    text, images = expand_references(
         text="Follow @artifact:spec.md. Then @artifact:spec.md again.", saga=saga, user=alice
     )
 
-    assert not vision
+    assert images == []
     assert text == (
         "Follow @artifact:spec.md. Then @artifact:spec.md again.\n\n"
         "--- @artifact:spec.md (text/markdown, 23 bytes) ---\n# Spec\nOnly /v2 routes."
@@ -56,24 +56,26 @@ def test_an_artifact_reference_appends_its_text(saga: Saga, alice: User) -> None
 
 
 def test_an_image_artifact_marks_the_prompt_as_needing_vision(saga: Saga, alice: User) -> None:
-    text, vision = expand_references(text="What is wrong in @artifact:screen.png?", saga=saga, user=alice)
+    text, images = expand_references(text="What is wrong in @artifact:screen.png?", saga=saga, user=alice)
 
-    assert vision and "--- @artifact:screen.png (image/png, 72 bytes) ---" in text
-    assert [a.name for a in image_artifacts(text="@artifact:screen.png @artifact:spec.md", saga=saga)] == ["screen.png"]
+    assert images == ["screen.png"] and "--- @artifact:screen.png (image/png, 72 bytes) ---" in text
+    assert expand_references(text="@artifact:screen.png @artifact:spec.md", saga=saga, user=alice).images == [
+        "screen.png"
+    ]
     assert "[A file; download it" in expand_references(text="@artifact:dump.bin", saga=saga, user=alice).text
 
 
 def test_a_saga_reference_appends_its_goal_answers_results_and_last_events(
     saga: Saga, prior: Saga, alice: User
 ) -> None:
-    text, vision = expand_references(text=f"Do as in @@{prior.pk}.", saga=saga, user=alice)
+    text, images = expand_references(text=f"Do as in @@{prior.pk}.", saga=saga, user=alice)
 
     section = text.split("\n\n", 1)[1]
     assert section.startswith(f"--- @@{prior.pk}: Release v1 (open) ---\nGoal: Ship v1 without downtime\n")
     assert "Final answers:\n- v1 is live.\n" in section
     assert "Results:\n- agent:coder (completed): Shipped v1 at noon.\n" in section
     assert "Last events:\n- #1 saga.created human:alice" in section and "prompt.completed agent:coder" in section
-    assert not vision
+    assert images == []
 
 
 def test_an_outsider_s_saga_reference_is_refused_as_if_the_saga_did_not_exist(prior: Saga, mallory: User) -> None:
@@ -107,7 +109,7 @@ def test_unknown_artifacts_are_named_in_one_invalid_payload(saga: Saga, prior: S
 
 def test_text_without_references_is_unchanged(saga: Saga, alice: User) -> None:
     plain = "Mail ops@example.com about the @artifact: plan; a@@b is not a reference."
-    assert expand_references(text=plain, saga=saga, user=alice) == (plain, False)
+    assert expand_references(text=plain, saga=saga, user=alice) == (plain, [])
 
 
 def test_a_worker_result_references_artifacts_by_name(saga: Saga) -> None:

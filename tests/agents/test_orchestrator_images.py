@@ -1,0 +1,122 @@
+"""A prompt's images reach the models that can see them, and only those: the URLs it was submitted
+with and the image artifacts its text references, as content parts after the text (an artifact as a
+data URL, only in the request sent), for the router, the support workers and the primary; a
+candidate that cannot see is skipped before any call. Bad image URLs are refused before anything is
+created; forced roles that cannot see are refused with the reason."""
+
+import base64
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from accounts.models import User
+from agents.actions import load_profiles
+from agents.models import TranscriptEntry
+from agents.orchestrator.actions import load_brains
+from agents.orchestrator.models import Prompt
+from journal.models import JournalEvent
+from sagas import actions
+from sagas.models import Saga
+from tests.agents.fake_llm import FakeLLM, say, tool_call
+from tests.agents.orchestration_support import settled, submit
+from tests.support import CeleryWorker
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
+SHOT = "https://example.test/shot.png"
+EYES = {"eyes-m": ["vision"]}
+
+
+@pytest.fixture
+def seeing_brain(transactional_db: None) -> None:
+    """Every role's first candidate is text-only (`blind-m`), its fallback sees (`eyes-m`); the
+    writer has no model that sees."""
+    load_profiles(
+        entries=[
+            {"name": f"s-{role}", "role": role.title(), "model": "blind-m", "fallback_models": ["eyes-m"],
+             "model_capabilities": EYES, "tools": ["finish"], "max_turns": 4}
+            for role in ("router", "coder", "tester")
+        ] + [{"name": "s-writer", "role": "Writer", "model": "blind-m", "tools": ["finish"], "max_turns": 4}]
+    )  # fmt: skip
+    load_brains(
+        entries=[
+            {"name": "seeing", "planner_profile": "s-router",
+             "roles": {"coder": "s-coder", "tester": "s-tester", "writer": "s-writer"},
+             "signals": {"coder": ["implement"], "tester": ["screenshot"], "writer": ["changelog"]},
+             "default_primary": "coder", "review_role": ""}
+        ]
+    )  # fmt: skip
+
+
+def image_urls(body: dict[str, Any]) -> list[str]:
+    return [
+        part["image_url"]["url"]
+        for message in body["messages"]
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == "image_url"
+    ]
+
+
+def test_the_images_go_to_the_models_that_see_and_the_others_are_skipped(
+    worker: CeleryWorker, fake_llm: FakeLLM, seeing_brain: None, saga: Saga, alice: User,
+    client_for: Callable[[User], APIClient],
+) -> None:  # fmt: skip
+    actions.add_artifact(saga=saga, name="screen.png", content=PNG, content_type="image/png", by=alice)
+    fake_llm.rule("eyes-m", lambda body: say("", tool_call("finish", {"result": "seen"})))
+    client = client_for(alice)
+
+    text = "Implement what this screenshot shows, with a changelog: @artifact:screen.png"
+    started = submit(client, saga, prompt=text, brain="seeing", images=[SHOT])
+    body = settled(client, started["prompt_id"])
+
+    assert body["status"] == "completed", body
+    plan = body["plan"]
+    assert plan["images"] == [SHOT, "artifact:screen.png"]
+    assert plan["primary_role"] == "coder" and [w["role"] for w in plan["workers"]] == ["tester"]  # not the writer
+    assert fake_llm.calls_for("blind-m") == []  # no text-only model was asked anything
+    data_url = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    calls = fake_llm.calls_for("eyes-m")
+    assert len(calls) == 3  # the router, the tester, the primary
+    for call in calls:
+        assert image_urls(call) == [SHOT, data_url]
+        assert call["messages"][1]["content"][0]["type"] == "text"
+    skipped = JournalEvent.objects.filter(saga=saga, type="model_skipped")
+    assert sorted(e.data["role"] for e in skipped) == ["Coder", "Tester", "router"]
+    assert {tuple(e.data["lacks"]) for e in skipped} == {("vision",)}
+    # The transcripts keep the artifact's name, not its bytes.
+    stored = TranscriptEntry.objects.filter(run__collaborator__saga=saga, message__role="user")
+    kept = [p["image_url"]["url"] for e in stored if isinstance(e.message["content"], list)
+            for p in e.message["content"] if p["type"] == "image_url"]  # fmt: skip
+    assert kept == [SHOT, "artifact:screen.png"] * 2
+
+
+def test_forced_roles_that_cannot_see_are_refused_with_the_reason(
+    worker: CeleryWorker, fake_llm: FakeLLM, seeing_brain: None, saga: Saga, alice: User,
+    client_for: Callable[[User], APIClient],
+) -> None:  # fmt: skip
+    client = client_for(alice)
+
+    started = submit(client, saga, prompt="Say what you see.", brain="seeing", team=["tester", "writer"],
+                     images=[SHOT])  # fmt: skip
+    body = settled(client, started["prompt_id"])
+
+    assert body["status"] == "failed" and "writer cannot see" in body["reason"]
+    assert body["results"] == [] and fake_llm.received == []
+
+
+@pytest.mark.parametrize(
+    "images",
+    [["file:///etc/passwd"], ["not a url"], ["https://"], [f"https://example.test/{'x' * 2000}.png"], [SHOT] * 9, [7]],
+)
+def test_bad_image_urls_are_refused_before_anything_is_created(
+    seeing_brain: None, saga: Saga, alice: User, client_for: Callable[[User], APIClient], images: list[Any]
+) -> None:
+    response = client_for(alice).post(
+        f"/api/v1/sagas/{saga.pk}/prompts/", {"prompt": "Look", "brain": "seeing", "images": images}, format="json"
+    )
+
+    assert response.status_code == 400 and response.json()["code"] == "invalid_payload", response.content
+    assert "images" in response.json()["errors"]
+    assert not Prompt.objects.exists()
