@@ -156,11 +156,12 @@ def submit_prompt(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     one-time key) starts one orchestration."""
     saga = get_object_or_404(Saga.objects.visible_to(request.user), pk=saga_id)
     assert isinstance(request.user, User)
-    team = [r.strip() for r in request.POST.get("team", "").replace(",", " ").split() if r.strip()]
+    team = request.POST.get("team", "").replace(",", " ").split()
     try:
         actions.submit_prompt(
             saga=saga, by=request.user, text=request.POST.get("prompt", ""), team=team,
-            brain=request.POST.get("brain", ""), idempotency_key=form_key(request.POST),
+            brain=request.POST.get("brain", ""), images=request.POST.get("images", "").split(),
+            idempotency_key=form_key(request.POST),
         )  # fmt: skip
     except errors.Forbidden:
         return HttpResponse("Only managers of the saga submit prompts.", status=403)

@@ -120,3 +120,19 @@ def test_bad_image_urls_are_refused_before_anything_is_created(
     assert response.status_code == 400 and response.json()["code"] == "invalid_payload", response.content
     assert "images" in response.json()["errors"]
     assert not Prompt.objects.exists()
+
+
+def test_the_prompt_box_takes_image_urls(seeing_brain: None, saga: Saga, alice: User) -> None:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(alice)
+    page = client.get(f"/sagas/{saga.pk}/").content.decode()
+    assert 'name="images"' in page
+
+    sent = {"prompt": "Look at these.", "brain": "seeing"}
+    refused = client.post(f"/sagas/{saga.pk}/prompts/", {**sent, "images": "ftp://example.test/a.png"}, follow=True)
+    assert "An image is not a URL." in refused.content.decode() and not Prompt.objects.exists()
+
+    client.post(f"/sagas/{saga.pk}/prompts/", {**sent, "images": f"{SHOT}\n https://example.test/two.png "})
+    assert Prompt.objects.get().images == [SHOT, "https://example.test/two.png"]
