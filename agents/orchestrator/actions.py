@@ -2,20 +2,18 @@
 `steps`, each a compare-and-set in a saga transaction."""
 
 import logging
-import re
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
 from celery import current_app
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
 from accounts.models import User
-from agents.models import AgentProfile
 from agents.orchestrator.models import Brain, Prompt
-from agents.orchestrator.plans import RESERVED_SLOTS
 from agents.references import check_references
 from journal.actions import record
 from sagas import actions, errors
@@ -27,7 +25,6 @@ logger = logging.getLogger(__name__)
 ADVANCE_TASK = "agents.orchestrator.advance_prompt"
 MAX_PROMPT_CHARS = 20_000
 MAX_IMAGES, MAX_IMAGE_URL = 8, 2000  # images a prompt carries, and the characters of each one's URL
-ROLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")  # fullmatch
 
 
 def ring_prompt(prompt_id: str) -> None:
@@ -156,7 +153,8 @@ class InvalidBrains(ValueError):
 
 @transaction.atomic
 def load_brains(*, entries: Any) -> tuple[int, int]:
-    """Create or update brains by name; all of them or none. Returns (created, updated)."""
+    """Create or update brains by name; all of them or none. Returns (created, updated). The file's
+    shape is checked here; what a brain must be, by `Brain.clean`, as in the admin."""
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InvalidBrains("A brains file holds a list of objects.")
     created = updated = 0
@@ -166,41 +164,19 @@ def load_brains(*, entries: Any) -> tuple[int, int]:
             raise InvalidBrains(f"Brain {name!r} lacks {', '.join(sorted(missing))}.")
         if unknown := set(entry) - BRAIN_FIELDS:
             raise InvalidBrains(f"Brain {name!r} has unknown keys: {', '.join(sorted(unknown))}.")
-        roles = entry["roles"]
-        if not isinstance(roles, dict) or not roles or not all(isinstance(p, str) for p in roles.values()):
-            raise InvalidBrains(f"Brain {name!r}: roles maps role names to profile names.")
+        # Checked before the model sees them: its text fields would turn a list into its repr.
         if not all(isinstance(entry.get(key, ""), str) for key in ("name", "planner_profile", "default_primary",
                                                                       "review_role")):  # fmt: skip
             raise InvalidBrains(f"Brain {name!r}: name, planner_profile, default_primary and review_role are names.")
-        if bad := [
-            r
-            for r in roles
-            if not ROLE_RE.fullmatch(str(r)) or (r in RESERVED_SLOTS and r != entry.get("review_role", "review"))
-        ]:
-            raise InvalidBrains(f"Brain {name!r}: bad role names {bad}.")
-        profiles = {*roles.values(), entry["planner_profile"]}
-        if missing_profiles := profiles - set(
-            AgentProfile.objects.filter(name__in=profiles).values_list("name", flat=True)
-        ):
-            raise InvalidBrains(f"Brain {name!r}: no profiles {sorted(missing_profiles)}.")
-        signals = entry.get("signals") or {}
-        if not isinstance(signals, dict):
-            raise InvalidBrains(f"Brain {name!r}: signals maps role names to lists of patterns.")
-        for role, patterns in signals.items():
-            if role not in roles or not isinstance(patterns, list):
-                raise InvalidBrains(f"Brain {name!r}: signals of {role!r} must be a list, for a known role.")
-            for pattern in patterns:
-                try:
-                    re.compile(pattern)
-                except (re.error, TypeError) as exc:
-                    raise InvalidBrains(f"Brain {name!r}: bad signal {pattern!r}: {exc}") from exc
-        if entry["default_primary"] not in roles:
-            raise InvalidBrains(f"Brain {name!r}: default_primary is not one of its roles.")
         brain = Brain.objects.filter(name=name).first() or Brain(name=name)
         is_new = brain.pk is None
         for key, value in entry.items():
             setattr(brain, key, value)
-        brain.full_clean()
+        try:
+            brain.full_clean()
+        except ValidationError as exc:
+            problems = "; ".join(f"{field}: {' '.join(messages)}" for field, messages in exc.message_dict.items())
+            raise InvalidBrains(f"Brain {name!r}: {problems}") from exc
         brain.save()
         created, updated = created + is_new, updated + (not is_new)
     return created, updated

@@ -12,6 +12,10 @@ from agents.orchestrator.models import Brain, Prompt
 
 @admin.register(Brain)
 class BrainAdmin(admin.ModelAdmin):
+    """Its form validates through `Brain.clean`, the checks `load_brains` applies: a brain that would
+    not route (a signal that does not compile) or not delegate (a profile that does not exist) is
+    refused with the field's error, not saved."""
+
     list_display = ("name", "planner_profile", "default_primary", "max_parallel_agents", "review_policy", "updated_at")
     search_fields = ("name",)
 

@@ -3,11 +3,17 @@
 Both belong to the `agents` app: `agents.models` imports them.
 """
 
+import re
 import uuid
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
+
+from agents.orchestrator.plans import RESERVED_SLOTS
+
+ROLE_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")  # fullmatch: a worker is named after its role
 
 
 class Brain(models.Model):
@@ -36,6 +42,48 @@ class Brain(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """What a brain must be for routing and delegation to work, checked when it is loaded from a
+        file (`load_brains`) and when it is edited in the admin: role names a worker can be named
+        after, profiles that exist, signals that compile, a default primary among the roles."""
+        # Imported here: agents.models imports this module.
+        from agents.models import AgentProfile
+
+        problems: dict[str, str] = {}
+        roles = self.roles
+        if not isinstance(roles, dict) or not roles or not all(isinstance(p, str) for p in roles.values()):
+            raise ValidationError({"roles": "Maps role names to profile names."})
+        reserved = [slot for slot in RESERVED_SLOTS if slot != self.review_role]
+        if bad := [r for r in roles if not isinstance(r, str) or not ROLE_RE.fullmatch(r) or r in reserved]:
+            problems["roles"] = f"Bad role names {bad}: lower-case letters, digits, _ and -, not {reserved}."
+        named = {*roles.values(), self.planner_profile}
+        found = set(AgentProfile.objects.filter(name__in=named).values_list("name", flat=True))
+        if self.planner_profile not in found:
+            problems["planner_profile"] = f"No profile {self.planner_profile!r}."
+        if missing := sorted(set(roles.values()) - found):
+            problems.setdefault("roles", f"No profiles {missing}.")
+        if self.default_primary not in roles:
+            problems["default_primary"] = "Not one of the roles."
+        if signal_problem := self.signal_problem():
+            problems["signals"] = signal_problem
+        if problems:
+            raise ValidationError(problems)
+
+    def signal_problem(self) -> str:
+        """Why the signals would not route (a pattern that does not compile raises `re.error` in the
+        heuristic), or ""."""
+        if not isinstance(self.signals, dict):
+            return "Maps role names to lists of patterns."
+        for role, patterns in self.signals.items():
+            if role not in self.roles or not isinstance(patterns, list):
+                return f"The signals of {role!r} must be a list, for one of the roles."
+            for pattern in patterns:
+                try:
+                    re.compile(pattern)
+                except (re.error, TypeError) as exc:
+                    return f"Bad pattern {pattern!r}: {exc}"
+        return ""
 
 
 class Prompt(models.Model):
