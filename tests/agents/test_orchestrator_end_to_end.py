@@ -1,23 +1,32 @@
 """The orchestrator end to end: prompts submitted through the REST API, a real Celery worker, the
 scripted provider and the local fake OpenAI-compatible server. A prompt runs its support workers, a
 primary and a review; the router's garbage and a failing worker still end it; forced roles answer
-side by side; a worker that went idle awaiting a person's answer waits for it; and a worker killed
-with SIGKILL mid-orchestration is replaced without duplicates."""
+side by side; a worker that went idle awaiting a person's answer waits for it; a worker killed
+with SIGKILL mid-orchestration is replaced without duplicates; and after a restart of the whole stack
+(the worker killed, Redis restarted empty) the new worker's start carries the orchestration on."""
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
+from channels.layers import channel_layers
+from django.conf import LazySettings
+from redis import Redis
 from rest_framework.test import APIClient
 
 from accounts.models import User
 from agents.actions import load_profiles
 from agents.orchestrator.models import Prompt
+from config.celery import app as celery_app
+from config.settings import caches_for, channel_layers_for
 from journal.models import JournalEvent
 from sagas.models import Collaborator, Delegation, Saga
 from tests.agents.fake_llm import GATE, SERVER_ERROR, FakeLLM, say, tool_call
 from tests.agents.orchestration_support import request_text, settled, submit, types
-from tests.support import CeleryWorker, wait_until
+from tests.conftest import use_broker
+from tests.support import CeleryWorker, RedisServer, wait_until
 
 
 def test_a_prompt_runs_workers_a_primary_and_a_review_on_scripted_playbooks(
@@ -84,11 +93,34 @@ def test_garbage_from_the_router_a_failing_worker_and_a_missing_review(
     (tester_call,) = fake_llm.calls_for("tester-m")
     assert f"task:{body['prompt_id']}:tester" in request_text(tester_call)
     assert f"task:{body['prompt_id']}:writer" not in request_text(tester_call)
+    # The reviewer got the request, the primary's answer, every worker's result and its own handoff.
+    (review_call,) = fake_llm.calls_for("review-m")
+    sent, prompt_id = delegated_task(review_call), body["prompt_id"]
+    assert "Original request:\nImplement the cursor, with tests and a changelog.\n" in sent
+    assert "Primary answer:\nUse an opaque cursor.\n" in sent
+    for role, status, line in (("tester", "completed", "Summary: All twelve cases pass."),
+                               ("writer", "failed", "Risks:\n- Every model candidate failed.")):  # fmt: skip
+        assert f"### {role} ({status})\nTask: task:{prompt_id}:{role} -> prompt:{prompt_id}\n" in sent
+        assert line in sent.split(f"### {role} ({status})", 1)[1].split("###", 1)[0]
+    packet = json.loads(sent.split("Your handoff:\n", 1)[1].split("\n", 1)[0])
+    assert packet["id"] == f"handoff:{prompt_id}:review"
+    assert packet["task"] == {
+        "id": f"task:{prompt_id}:review", "parent_id": f"prompt:{prompt_id}",
+        "goal": "Review the primary answer against the request.",
+        "original_prompt": "Implement the cursor, with tests and a changelog.",
+    }  # fmt: skip
     # The malformed review becomes what the brain's policy says.
     assert body["status"] == "blocked" and body["review"]["decision"] == "blocked"
     assert body["review"]["source"] == "policy" and body["reason"]
     seen = types(saga)
     assert "model_fallback" in seen and "prompt.blocked" in seen
+
+
+def delegated_task(call: dict[str, Any]) -> str:
+    """The task a worker's model was handed: its first input is the engine's header line, then the
+    handoff as JSON."""
+    first = next(m["content"] for m in call["messages"] if m["role"] == "user")
+    return str(json.loads(first.split("\n", 1)[1])["task"])
 
 
 def test_forced_roles_answer_side_by_side_without_router_or_review(
@@ -204,3 +236,101 @@ def test_kill_9_mid_orchestration_resumes_without_duplicates(
     assert Delegation.objects.filter(delegator=lead).count() == 4  # tester, writer, primary, review: once each
     assert len(fake_llm.calls_for("router-m")) == 1 and len(fake_llm.calls_for("writer-m")) == 1
     assert len(fake_llm.calls_for("coder-m")) == 1 and len(fake_llm.calls_for("tester-m")) == 2
+
+
+@pytest.fixture
+def own_redis(redis_url: str, tmp_path: Path, settings: LazySettings) -> Iterator[tuple[RedisServer, str]]:
+    """A Redis server of this test's own, which it restarts: the session's is shared with other tests."""
+    server = RedisServer(tmp_path / "redis")
+    url = f"{server.base_url}/0"
+    settings.REDIS_URL = url
+    settings.CHANNEL_LAYERS = channel_layers_for(url)
+    settings.CACHES = caches_for(url)
+    channel_layers.backends.clear()
+    use_broker(url)
+    try:
+        yield server, url
+    finally:
+        channel_layers.backends.clear()
+        server.stop()
+
+
+@pytest.mark.parametrize("runtime_env", [{"OPENAI_TIMEOUT_S": "30"}], indirect=True)  # the held call outlasts 2 s
+def test_a_whole_stack_restart_mid_orchestration_resumes_it_at_the_new_workers_start(
+    own_redis: tuple[RedisServer, str], fake_llm: FakeLLM, fake_brain: None, saga: Saga, alice: User,
+    artifacts: Path, runtime_env: dict[str, str], client_for: Callable[[User], APIClient],
+) -> None:  # fmt: skip
+    """The worker is killed with SIGKILL while the writer has answered and the tester's model call is
+    under way; a prompt submitted meanwhile leaves its doorbell in Redis; Redis restarts empty (every
+    message lost) and a new worker starts. Nothing else rings: what the new worker does as it starts
+    (config/celery.py, `reconcile_at_start`) must carry both prompts to the end."""
+    from django.utils import timezone
+
+    from sagas.actions import create_saga
+    from sagas.models import Run
+
+    redis, url = own_redis
+    fake_llm.script("router-m", say('{"primary_role": "coder", "workers": [{"role": "tester"}, {"role": "writer"}]}'))
+    fake_llm.script("writer-m", say("", tool_call("finish", {"result": "Changelog drafted."})))
+    fake_llm.script("tester-m", GATE, say("All pass."))  # the first call is held: the crash comes meanwhile
+    fake_llm.script("coder-m", say("Ship it."))
+    fake_llm.script("review-m", say('{"decision": "approve", "confidence": 0.9}'))
+    client = client_for(alice)
+    first = CeleryWorker(url, artifacts, env=runtime_env)
+    replacement: CeleryWorker | None = None
+    try:
+        prompt = Prompt.objects.get(pk=submit(client, saga, prompt="Implement the cursor.", brain="fake")["prompt_id"])
+        tester = Run.objects.filter(collaborator__saga=saga, collaborator__name=prompt.worker_name("tester"))
+        writer = Run.objects.filter(collaborator__saga=saga, collaborator__name=prompt.worker_name("writer"))
+        wait_until(lambda: fake_llm.calls_for("tester-m"), what="the tester's model call")
+        wait_until(lambda: writer.filter(status="completed").exists(), what="the writer to finish")
+        lead = Collaborator.objects.get(saga=saga, name=prompt.lead_name)
+        delegated = set(Delegation.objects.filter(delegator=lead).values_list("pk", "delegate__name"))
+        assert sorted(name.split(".", 1)[1] for _, name in delegated) == ["tester", "writer"]
+
+        first.kill()
+        # Submitted while no worker runs: its doorbell waits in Redis, which loses it.
+        other_saga = create_saga(title="Elsewhere", goal="Another prompt", owner=alice, policy=Saga.Policy.TREE)
+        fake_llm.script("writer-m", say("Another changelog."))
+        other = submit(client, other_saga, prompt="Write the changelog.", brain="fake", team=["writer"])
+        with Redis.from_url(url) as broker:
+            assert broker.llen(celery_app.conf.task_default_queue) >= 1
+        redis.restart()
+        with Redis.from_url(url) as broker:
+            assert broker.dbsize() == 0  # every message lost, the new prompt's doorbell with them
+        use_broker(url)  # this process's connections went with the old server
+        # Down for longer than a lease: the tester's lapses while nothing runs (the crashed worker
+        # renews it no more), as it does in any restart slower than AGORA_LEASE_S.
+        wait_until(lambda: tester.filter(status="running", lease_until__lt=timezone.now()).exists(),
+                   what="the tester's lease to lapse")  # fmt: skip
+        replacement = CeleryWorker(url, artifacts, env=runtime_env)
+
+        def over(prompt_id: Any) -> bool:
+            return Prompt.objects.get(pk=prompt_id).status != "running"
+
+        wait_until(lambda: over(prompt.pk), timeout=60, what="the prompt the crash cut short to end")
+        wait_until(lambda: over(other["prompt_id"]), timeout=30, what="the prompt whose doorbell was lost to end")
+    finally:
+        fake_llm.gate.set()
+        first.kill()
+        if replacement is not None:
+            replacement.kill()
+
+    prompt.refresh_from_db()
+    assert prompt.status == "completed", (prompt.status, prompt.reason)
+    assert [(r["role"], r["summary"]) for r in prompt.results] == [
+        ("tester", "All pass."), ("writer", "Changelog drafted.")
+    ]  # fmt: skip
+    assert prompt.answer == "Ship it." and prompt.review is not None and prompt.review["decision"] == "approve"
+    assert types(saga).count("plan.created") == 1
+    # The support workers' delegations are the first ones; only the primary's and the reviewer's came after.
+    after = set(Delegation.objects.filter(delegator=lead).values_list("pk", "delegate__name"))
+    assert delegated <= after and sorted(name.split(".", 1)[1] for _, name in after - delegated) == [
+        "primary", "review"
+    ]  # fmt: skip
+    writer_calls = [c for c in fake_llm.calls_for("writer-m") if f"task:{prompt.pk}:writer" in json.dumps(c)]
+    assert len(writer_calls) == 1  # finished before the crash: not run again
+    assert len(fake_llm.calls_for("tester-m")) == 2  # killed mid-call: its turn ran again
+    assert len(fake_llm.calls_for("router-m")) == 1 and len(fake_llm.calls_for("coder-m")) == 1
+    resumed = Prompt.objects.get(pk=other["prompt_id"])
+    assert resumed.status == "completed" and resumed.answer == "## writer (completed)\nAnother changelog."

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from django.conf import LazySettings
 from django.test import Client
 
 from accounts.models import User
@@ -15,6 +16,7 @@ from agents.orchestrator.models import Prompt
 from config.params import FORM_SENT
 from sagas import actions
 from sagas.models import Saga
+from tests.agents.fake_llm import FakeLLM, say
 from tests.support import CeleryWorker, wait_until
 
 ROOT = Path(__file__).resolve().parents[2] / "agents"
@@ -52,6 +54,8 @@ def test_the_prompt_box_starts_an_orchestration_and_the_plan_view_shows_it(
         assert "Twelve cases" in html  # the tester's summary
         assert 'data-step="primary" data-status="completed"' in html and "opaque cursor" in html
         assert 'data-decision="approve"' in html
+        assert 'data-confidence="0.80"' in step(html, "review")
+        assert "opaque cursor" in step(html, "final") and "Review: approve" in step(html, "final")
     # After the saga ends (no action ends one yet: its row is set), the plan view stays; the box goes.
     Saga.objects.filter(pk=saga.pk).update(status=Saga.Status.COMPLETED)
     html = client.get(f"/sagas/{saga.pk}/").content.decode()
@@ -105,6 +109,104 @@ def test_a_hook_outcome_refreshes_the_panel_and_the_plan_view_shows_it(
     assert "SubagentStart (writer) <code>no-writer</code> blocked: Writers are on leave." in html
     # The plan view shows the worker blocked at once, from the hook's outcome.
     assert 'data-role="writer" data-status="blocked"' in html and "blocked by a hook: Writers are on leave." in html
+
+
+def test_the_plan_view_shows_the_review_in_full_then_the_final_answer(
+    default_brain: None, saga: Saga, alice: User
+) -> None:
+    from agents.hooks.lifecycle import FEEDBACK_HEADING
+    from agents.orchestrator import handoffs
+    from agents.orchestrator.actions import submit_prompt
+
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement the cursor.")
+    plan = {"primary_role": "coder", "workers": [], "requires_review": True, "source": "router", "reason": "code"}
+    # The primary has answered, the review is under way: no final answer yet.
+    Prompt.objects.filter(pk=prompt.pk).update(plan=plan, step=Prompt.Step.REVIEW, answer="Use an opaque cursor.")
+    client = page_client(alice)
+    html = client.get(f"/sagas/{saga.pk}/live/prompts/").content.decode()
+    assert "Use an opaque cursor." in step(html, "primary") and 'data-step="final"' not in html
+
+    review = handoffs.gate_review(
+        {"decision": "blocked", "confidence": 0.65, "blocking_issues": ["Tampered cursors are accepted."],
+         "required_changes": ["Sign the cursor.", "Document the 400."], "residual_risks": ["partner sync"]},
+        [], policy="blocked",
+    )  # fmt: skip
+    final = f"{handoffs.merge_review('Use an opaque cursor.', review)}\n\n{FEEDBACK_HEADING}\nCite the changelog."
+    Prompt.objects.filter(pk=prompt.pk).update(
+        step=Prompt.Step.DONE, status=Prompt.Status.BLOCKED, review=review, final_answer=final,
+        reason="Tampered cursors are accepted.",
+    )  # fmt: skip
+    for html in (client.get(f"/sagas/{saga.pk}/").content.decode(),
+                 client.get(f"/sagas/{saga.pk}/live/prompts/").content.decode()):  # fmt: skip
+        # prompt → primary (its own answer) → review (decision, confidence, what blocks, what to change) → final
+        assert html.index('data-step="primary"') < html.index('data-step="review"') < html.index('data-step="final"')
+        primary = step(html, "primary")
+        assert "Use an opaque cursor." in primary and "Review: blocked" not in primary
+        reviewed = step(html, "review")
+        assert 'data-decision="blocked"' in html and 'data-confidence="0.65">confidence 0.65<' in reviewed
+        assert "<ul><li>Tampered cursors are accepted.</li></ul>" in reviewed.split("data-blocking", 1)[1]
+        assert "<ul><li>Sign the cursor.</li><li>Document the 400.</li></ul>" in reviewed.split("data-required", 1)[1]
+        answered = step(html, "final")
+        assert "Use an opaque cursor.<br><br>Review: blocked<br>- required: Sign the cursor." in answered
+        assert "- blocking: Tampered cursors are accepted.<br>- risk: partner sync</div>" in answered
+        assert "feedback from hooks: Cite the changelog." in answered and FEEDBACK_HEADING not in html
+
+    # A prompt that ended without a final answer shows the primary's as its answer.
+    Prompt.objects.filter(pk=prompt.pk).update(final_answer="", status=Prompt.Status.COMPLETED)
+    html = client.get(f"/sagas/{saga.pk}/live/prompts/").content.decode()
+    assert ">Use an opaque cursor.</div>" in step(html, "final") and "data-feedback" not in html
+
+
+def step(html: str, name: str) -> str:
+    """One step of the (first) plan view, up to the next step."""
+    return html.split(f'data-step="{name}"', 1)[1].split("data-step=", 1)[0].split("</ol>", 1)[0]
+
+
+def test_the_plan_view_shows_each_workers_goal_and_reason_and_why_the_router_was_not_followed(
+    model_here: FakeLLM, fake_brain: None, saga: Saga, alice: User, settings: LazySettings
+) -> None:
+    """Two prompts routed in this process: one the router planned (its goals and reasons), one whose
+    router answered garbage (the heuristic's plan, and the router's error)."""
+    from django.utils.html import escape
+
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+
+    settings.AGORA_HOOKS_INLINE = True  # the routing step runs hooks (none here), in this process
+    routed = {"primary_role": "coder", "requires_review": True, "reason": "Code first.",
+              "workers": [{"role": "tester", "goal": "Cover the empty last page.", "reason": "It asks for tests."},
+                          {"role": "writer", "goal": "Draft the changelog entry.", "reason": ""}]}  # fmt: skip
+    model_here.script("router-m", say(json.dumps(routed)), say("Sure! The coder should take this one."))
+    planned, _ = submit_prompt(saga=saga, by=alice, text="Implement the cursor, with tests.", brain="fake")
+    steps.advance(str(planned.pk))
+    guessed, _ = submit_prompt(saga=saga, by=alice, text="Implement the cursor, with a changelog.", brain="fake")
+    steps.advance(str(guessed.pk))
+    heuristic = Prompt.objects.get(pk=guessed.pk).plan
+    assert heuristic is not None and "not a JSON object" in heuristic["router_error"]
+
+    client = page_client(alice)
+    for html in (client.get(f"/sagas/{saga.pk}/").content.decode(),
+                 client.get(f"/sagas/{saga.pk}/live/prompts/").content.decode()):  # fmt: skip
+        followed, fell_back = plan_view_of(html, planned), plan_view_of(html, guessed)
+        tester, writer = worker_of(followed, "tester"), worker_of(followed, "writer")
+        assert '<div class="worker-goal">Cover the empty last page.</div>' in tester
+        assert "why: It asks for tests." in tester
+        assert '<div class="worker-goal">Draft the changelog entry.</div>' in writer and "why:" not in writer
+        assert "data-router-error" not in followed
+        (shown,) = re.findall(r"<p [^>]*data-router-error>(.*?)</p>", fell_back)
+        assert shown == f"router fell back to the heuristic: {escape(heuristic['router_error'])}"
+        (worker,) = heuristic["workers"]
+        assert worker["role"] == "writer" and worker["reason"] == "signals: changelog"
+        assert f'<div class="worker-goal">{escape(worker["goal"])}</div>' in worker_of(fell_back, "writer")
+        assert "why: signals: changelog" in worker_of(fell_back, "writer")
+
+
+def plan_view_of(html: str, prompt: Prompt) -> str:
+    return html.split(f'data-prompt="{prompt.pk}"', 1)[1].split("</article>", 1)[0]
+
+
+def worker_of(view: str, role: str) -> str:
+    return view.split(f'data-role="{role}"', 1)[1].split("</li>", 1)[0]
 
 
 def test_people_who_do_not_manage_get_no_prompt_box_and_cannot_submit(
