@@ -59,6 +59,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("api-team-inbox", "GET"): "401 404 404 404 404",
     ("api-team-shutdown", "POST"): "401 404 404 404 404",
     ("api-team-spawn", "POST"): "401 404 404 400 400",
+    ("prompt-page", "GET"): "login 404 login login 404",
     ("prompt-submit", "POST"): "login 404 login login 403",
     ("sagas:artifact", "GET"): "login 404 login login 200",
     ("sagas:artifact-upload", "POST"): "login 404 login login 400",
