@@ -1,4 +1,4 @@
-"""`POST /api/v1/sagas/{id}/prompts/` and `GET /api/v1/prompts/{prompt_id}/`: one view per operation,
+"""`POST` and `GET /api/v1/sagas/{id}/prompts/`, `GET /api/v1/prompts/{prompt_id}/`: one view per operation,
 with the kernel's problem+json error codes. Lookups are scoped to the caller: to an outsider a
 saga or prompt that exists looks exactly like one that does not (404 `not_found`)."""
 
@@ -19,6 +19,8 @@ from config.params import idempotency_key
 from config.parsers import LimitedJSONParser
 from sagas import errors
 from sagas.models import Saga
+
+PROMPTS_LISTED = 200
 
 
 class PromptCreateInput(Shape):
@@ -73,6 +75,22 @@ class PromptOutput(serializers.Serializer):
     updated_at = serializers.DateTimeField()
 
 
+class PromptSummaryOutput(serializers.Serializer):
+    prompt_id = serializers.UUIDField()
+    brain = serializers.CharField()
+    lead = serializers.CharField()
+    status = serializers.CharField(help_text=" | ".join(Prompt.Status.values))
+    step = serializers.CharField(help_text=" → ".join(Prompt.Step.values))
+    prompt = serializers.CharField()
+    reason = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class PromptListOutput(serializers.Serializer):
+    prompts = PromptSummaryOutput(many=True)
+
+
 def principal(request: Request) -> User:
     if not isinstance(request.user, User):
         raise exceptions.NotAuthenticated()
@@ -106,6 +124,22 @@ class PromptCreateApi(APIView):
         body = {"prompt_id": prompt.pk, "status": Prompt.Status.RUNNING, "lead": f"agent:{prompt.lead_name}"}
         headers = {} if created else {"Idempotent-Replayed": "true"}
         return Response(PromptCreatedOutput(body).data, status=202, headers=headers)
+
+
+class PromptListApi(APIView):
+    @extend_schema(operation_id="prompts_list", responses={200: PromptListOutput, **problems(401, 404)})
+    def get(self, request: Request, saga_id: UUID) -> Response:
+        """The saga's prompts, newest first (the latest 200), for anyone who may see the saga; each
+        one whole at `/api/v1/prompts/{prompt_id}/`."""
+        saga = Saga.objects.visible_to(principal(request)).filter(pk=saga_id).first()
+        if saga is None:
+            raise errors.NotFound(f"No saga {saga_id}.")
+        prompts = Prompt.objects.filter(saga=saga).select_related("brain")[:PROMPTS_LISTED]
+        return Response(PromptListOutput({"prompts": [p.as_dict() for p in prompts]}).data)
+
+
+class PromptCollectionApi(PromptListApi, PromptCreateApi):
+    """`/sagas/{id}/prompts/`: two operations at one address."""
 
 
 class PromptDetailApi(APIView):

@@ -5,7 +5,7 @@ from django.urls import path
 from agents.orchestrator import api, views
 
 api_urls = [
-    path("sagas/<uuid:saga_id>/prompts/", api.PromptCreateApi.as_view(), name="api-prompts"),
+    path("sagas/<uuid:saga_id>/prompts/", api.PromptCollectionApi.as_view(), name="api-prompts"),
     path("prompts/<uuid:prompt_id>/", api.PromptDetailApi.as_view(), name="api-prompt"),
 ]
 

@@ -65,3 +65,25 @@ def test_bad_input_is_refused_and_retries_are_idempotent(
     ended = client.post(url, {"prompt": "Too late"}, format="json")
     assert ended.status_code == 409 and ended.json()["code"] == "saga_finished"
     assert Prompt.objects.count() == 1
+
+
+def test_a_sagas_prompts_are_listed_newest_first_for_who_may_see_it(
+    default_brain: None, saga: Saga, alice: User, bob: User, mallory: User, client_for: Callable[[User], APIClient]
+) -> None:
+    from sagas import actions
+
+    url = f"/api/v1/sagas/{saga.pk}/prompts/"
+    assert client_for(alice).get(url).json() == {"prompts": []}
+    first = submit(client_for(alice), saga, prompt="First")["prompt_id"]
+    second = submit(client_for(alice), saga, prompt="Second")["prompt_id"]
+    actions.add_human(saga=saga, user=bob, role="Analyst", task="Watch", by=alice)
+
+    listed = client_for(bob).get(url).json()["prompts"]
+    assert [(p["prompt_id"], p["prompt"], p["status"]) for p in listed] == [
+        (second, "Second", "running"), (first, "First", "running")
+    ]  # fmt: skip
+    assert listed[0]["lead"].startswith("agent:brain-") and listed[0]["brain"] == "default"
+    assert "results" not in listed[0]  # each one whole at its own address
+    response = client_for(mallory).get(url)
+    assert response.status_code == 404 and response.json()["code"] == "not_found"
+    assert APIClient().get(url).status_code == 401

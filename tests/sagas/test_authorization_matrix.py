@@ -52,6 +52,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ("api-artifacts", "POST"): "401 404 404 400 400",
     ("api-collaborator-exposure", "POST"): "401 404 404 400 400",
     ("api-prompt", "GET"): "401 404 404 404 404",
+    ("api-prompts", "GET"): "401 404 404 200 200",
     ("api-prompts", "POST"): "401 404 404 403 403",
     ("api-run-status", "GET"): "401 404 404 404 404",
     ("api-team", "GET"): "401 404 404 404 404",
