@@ -47,18 +47,20 @@ def expand_references(*, text: str, saga: Saga, user: Any) -> Expansion:
     return Expansion(text=expanded, images=[n for n in names if artifacts[n].is_image])
 
 
-def check_references(*, text: str, saga: Saga, user: Any) -> None:
+def check_references(*, text: str, saga: Saga, user: Any) -> list[str]:
     """What `expand_references` refuses, checked without reading anything of the referenced sagas
-    or artifacts: for the web process, that refuses a bad prompt before it is created."""
+    or artifacts: for the web process, that refuses a bad prompt before it is created. Returns the
+    image artifacts referenced, by name, as `expand_references` will."""
     for raw in unique(SAGA_REF.findall(text)):
         visible_saga(raw, user)
     names = unique(ARTIFACT_REF.findall(text))
-    known = set(Artifact.objects.filter(saga=saga, name__in=names).values_list("name", flat=True))
-    if unknown := [n for n in names if n not in known]:
+    kinds = dict(Artifact.objects.filter(saga=saga, name__in=names).values_list("name", "content_type"))
+    if unknown := [n for n in names if n not in kinds]:
         raise errors.InvalidPayload(
             f"Unknown artifacts in this saga: {', '.join(unknown)}.",
             errors={"artifacts": [f"No artifact {n} in this saga." for n in unknown]},
         )
+    return [n for n in names if kinds[n].startswith("image/")]
 
 
 def artifact_refs(*, saga: Saga, names: list[str]) -> list[dict[str, Any]]:

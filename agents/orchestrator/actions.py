@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 
 from accounts.models import User
 from agents.orchestrator.models import Brain, Prompt
+from agents.orchestrator.router import vision_roles
 from agents.references import check_references
 from journal.actions import record
 from sagas import actions, errors
@@ -52,10 +53,38 @@ def check_may_prompt(user: User, saga: Saga) -> None:
 def is_image_url(url: object) -> bool:
     """An image a prompt carries: an http(s) URL, which the models that can see images fetch (an
     image uploaded to the saga is an artifact, referenced in the prompt's text instead)."""
-    if not isinstance(url, str) or len(url) > MAX_IMAGE_URL or any(c.isspace() for c in url):
+    if not isinstance(url, str) or len(url) > MAX_IMAGE_URL or not url.isprintable() or " " in url:
         return False
     parts = urlsplit(url)
     return parts.scheme in ("http", "https") and bool(parts.netloc)
+
+
+def check_images(urls: list[str], artifacts: list[str], brain: Brain, team: list[str]) -> None:
+    """A prompt's images: at most MAX_IMAGES in all (its URLs and the image artifacts it references),
+    each URL an http(s) one, and roles that can see them: every forced role, or else one support role
+    at least. Routing checks the roles again (profiles may change meanwhile)."""
+    if len(urls) + len(artifacts) > MAX_IMAGES:
+        raise errors.InvalidPayload(
+            "Too many images.", errors={"images": [f"At most {MAX_IMAGES}, with the image artifacts referenced."]}
+        )
+    if bad := [i for i, url in enumerate(urls) if not is_image_url(url)]:
+        raise errors.InvalidPayload(
+            "An image is not a URL.",
+            errors={"images": [f"Item {i}: an http(s) URL of at most {MAX_IMAGE_URL} characters." for i in bad]},
+        )
+    if not (urls or artifacts):
+        return
+    seeing = vision_roles(brain.roles)
+    if blind := [r for r in team if r not in seeing]:
+        raise errors.InvalidPayload(
+            f"The prompt carries images, which {', '.join(blind)} cannot see.",
+            errors={"team": [f"Roles of {brain.name} that can see images: {sorted(seeing)}."]},
+        )
+    if not team and not seeing - {brain.review_role}:
+        raise errors.InvalidPayload(
+            "The prompt carries images, and no role of this brain can see them.",
+            errors={"images": [f"No role of {brain.name} has a model that can see images."]},
+        )
 
 
 @transaction.atomic
@@ -85,15 +114,8 @@ def submit_prompt(
         raise errors.InvalidPayload("An empty prompt.", errors={"prompt": ["Required."]})
     if len(text) > MAX_PROMPT_CHARS:
         raise errors.InvalidPayload("The prompt is too long.", errors={"prompt": [f"At most {MAX_PROMPT_CHARS}."]})
-    if len(images) > MAX_IMAGES:
-        raise errors.InvalidPayload("Too many images.", errors={"images": [f"At most {MAX_IMAGES}."]})
-    if bad := [i for i, url in enumerate(images) if not is_image_url(url)]:
-        raise errors.InvalidPayload(
-            "An image is not a URL.",
-            errors={"images": [f"Item {i}: an http(s) URL of at most {MAX_IMAGE_URL} characters." for i in bad]},
-        )
     # Refused here, before anything is created; the worker expands them (hooks run only there).
-    check_references(text=text, saga=saga, user=by)
+    image_artifacts = check_references(text=text, saga=saga, user=by)
     if chosen is None:
         raise errors.InvalidPayload(
             f"No brain {brain!r}.", errors={"brain": ["No such brain; `load_brains` adds them."]}
@@ -107,6 +129,7 @@ def submit_prompt(
         raise errors.InvalidPayload(
             "Bad team.", errors={"team": [f"Distinct roles, at most {chosen.max_parallel_agents}."]}
         )
+    check_images(images, image_artifacts, chosen, team)
     try:
         with transaction.atomic():
             prompt = Prompt.objects.create(

@@ -56,7 +56,9 @@ class PromptOutput(serializers.Serializer):
     )
     team = serializers.ListField(child=serializers.CharField())
     plan = serializers.JSONField(
-        allow_null=True, help_text="{primary_role, workers, requires_review, reason, source, images?}"
+        allow_null=True,
+        help_text="{primary_role, workers, requires_review, reason, source, images?}: `images`, for a prompt "
+        "with images, its URLs then `artifact:<name>` for each image artifact it references",
     )
     results = serializers.JSONField(
         help_text="Each support worker's WorkerResult, with its role and goal. Its `artifacts` are context "

@@ -12,13 +12,13 @@ from journal.actions import record
 
 
 def vision_roles(roles: dict[str, str]) -> set[str]:
-    """The roles whose own model chain holds a candidate that can see images."""
+    """The roles whose own model chain holds a candidate that can see images (and has what else its
+    profile requires: the only candidates a worker of a prompt with images runs on)."""
     profiles = {p.name: p for p in AgentProfile.objects.filter(name__in=set(roles.values()))}
     return {
         role
         for role, name in roles.items()
-        if (p := profiles.get(name)) is not None
-        and any(VISION in p.model_capabilities.get(m, []) for m in p.candidates)
+        if (p := profiles.get(name)) is not None and any(not p.lacks(m, also=[VISION]) for m in p.candidates)
     }
 
 

@@ -67,9 +67,10 @@ def prompt_images(read: Sequence[Any]) -> list[str]:
 
 
 # What pending_start() and prompt_images() read, in the statement that reads a worker's queued run
-# (agents/executor.py: every support worker's first task needs it, and a statement of its own would
-# be one more round trip): the prompt that the run's delegator (`d`, the run's delegation) leads,
-# the name of its brain, and whether that brain has a SubagentStart handler.
+# (agents/executor.py: every task of a prompt's worker needs its prompt's images, every support
+# worker's first task its SubagentStart, and a statement of their own would be one more round
+# trip): the prompt that the run's delegator (`d`, the run's delegation) leads, the name of its
+# brain, and whether that brain has a SubagentStart handler.
 START_COLUMNS = f"sp.id, sp.plan, sp.expanded, sp.text, sb.name, {handled_sql(Event.SUBAGENT_START, brain='sb.name')}"
 START_JOIN = (
     f"LEFT JOIN {Prompt._meta.db_table} sp ON sp.lead_id = d.delegator_id "

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.conf import LazySettings
 from rest_framework.test import APIClient
 
 from accounts.models import User
@@ -19,7 +20,7 @@ from agents.orchestrator.models import Prompt
 from journal.models import JournalEvent
 from sagas import actions
 from sagas.models import Saga
-from tests.agents.fake_llm import FakeLLM, say, tool_call
+from tests.agents.fake_llm import FakeLLM, Reply, say, tool_call
 from tests.agents.orchestration_support import settled, submit
 from tests.support import CeleryWorker
 
@@ -31,20 +32,20 @@ EYES = {"eyes-m": ["vision"]}
 @pytest.fixture
 def seeing_brain(transactional_db: None) -> None:
     """Every role's first candidate is text-only (`blind-m`), its fallback sees (`eyes-m`); the
-    writer has no model that sees."""
+    writer has no model that sees. Every prompt is reviewed."""
     load_profiles(
         entries=[
             {"name": f"s-{role}", "role": role.title(), "model": "blind-m", "fallback_models": ["eyes-m"],
              "model_capabilities": EYES, "tools": ["finish"], "max_turns": 4}
-            for role in ("router", "coder", "tester")
+            for role in ("router", "coder", "tester", "review")
         ] + [{"name": "s-writer", "role": "Writer", "model": "blind-m", "tools": ["finish"], "max_turns": 4}]
     )  # fmt: skip
     load_brains(
         entries=[
             {"name": "seeing", "planner_profile": "s-router",
-             "roles": {"coder": "s-coder", "tester": "s-tester", "writer": "s-writer"},
+             "roles": {"coder": "s-coder", "tester": "s-tester", "writer": "s-writer", "review": "s-review"},
              "signals": {"coder": ["implement"], "tester": ["screenshot"], "writer": ["changelog"]},
-             "default_primary": "coder", "review_role": ""}
+             "default_primary": "coder", "review_role": "review", "review_by_default": True}
         ]
     )  # fmt: skip
 
@@ -64,7 +65,13 @@ def test_the_images_go_to_the_models_that_see_and_the_others_are_skipped(
     client_for: Callable[[User], APIClient],
 ) -> None:  # fmt: skip
     actions.add_artifact(saga=saga, name="screen.png", content=PNG, content_type="image/png", by=alice)
-    fake_llm.rule("eyes-m", lambda body: say("", tool_call("finish", {"result": "seen"})))
+
+    def seen(body: dict[str, Any]) -> Reply:
+        if "(review)" in body["messages"][0]["content"]:
+            return say('{"decision": "approve", "confidence": 0.9}')
+        return say("", tool_call("finish", {"result": "seen"}))
+
+    fake_llm.rule("eyes-m", seen)
     client = client_for(alice)
 
     text = "Implement what this screenshot shows, with a changelog: @artifact:screen.png"
@@ -78,37 +85,73 @@ def test_the_images_go_to_the_models_that_see_and_the_others_are_skipped(
     assert fake_llm.calls_for("blind-m") == []  # no text-only model was asked anything
     data_url = "data:image/png;base64," + base64.b64encode(PNG).decode()
     calls = fake_llm.calls_for("eyes-m")
-    assert len(calls) == 3  # the router, the tester, the primary
+    assert len(calls) == 4  # the router, the tester, the primary, the reviewer
     for call in calls:
         assert image_urls(call) == [SHOT, data_url]
         assert call["messages"][1]["content"][0]["type"] == "text"
     skipped = JournalEvent.objects.filter(saga=saga, type="model_skipped")
-    assert sorted(e.data["role"] for e in skipped) == ["Coder", "Tester", "router"]
+    assert sorted(e.data["role"] for e in skipped) == ["Coder", "Review", "Tester", "router"]
+    assert body["review"]["decision"] == "approve"
     assert {tuple(e.data["lacks"]) for e in skipped} == {("vision",)}
     # The transcripts keep the artifact's name, not its bytes.
     stored = TranscriptEntry.objects.filter(run__collaborator__saga=saga, message__role="user")
     kept = [p["image_url"]["url"] for e in stored if isinstance(e.message["content"], list)
             for p in e.message["content"] if p["type"] == "image_url"]  # fmt: skip
-    assert kept == [SHOT, "artifact:screen.png"] * 2
+    assert kept == [SHOT, "artifact:screen.png"] * 3
 
 
-def test_forced_roles_that_cannot_see_are_refused_with_the_reason(
-    worker: CeleryWorker, fake_llm: FakeLLM, seeing_brain: None, saga: Saga, alice: User,
-    client_for: Callable[[User], APIClient],
-) -> None:  # fmt: skip
-    client = client_for(alice)
+def test_roles_that_cannot_see_are_refused_before_anything_is_created(
+    seeing_brain: None, saga: Saga, alice: User, client_for: Callable[[User], APIClient]
+) -> None:
+    client, url = client_for(alice), f"/api/v1/sagas/{saga.pk}/prompts/"
+    actions.add_artifact(saga=saga, name="screen.png", content=PNG, content_type="image/png", by=alice)
+    load_profiles(entries=[{"name": "s-blind", "role": "Blind", "model": "blind-m", "tools": ["finish"]}])
+    load_brains(entries=[{"name": "blind", "planner_profile": "s-blind", "roles": {"coder": "s-blind"},
+                          "default_primary": "coder", "review_role": ""}])  # fmt: skip
 
-    started = submit(client, saga, prompt="Say what you see.", brain="seeing", team=["tester", "writer"],
-                     images=[SHOT])  # fmt: skip
-    body = settled(client, started["prompt_id"])
+    for body, field in [
+        ({"prompt": "Say what you see.", "team": ["tester", "writer"], "images": [SHOT]}, "team"),
+        ({"prompt": "Say what you see in @artifact:screen.png", "team": ["writer"]}, "team"),
+        ({"prompt": "Say what you see.", "brain": "blind", "images": [SHOT]}, "images"),
+        ({"prompt": "And in @artifact:screen.png?", "images": [SHOT] * 8}, "images"),  # nine images in all
+    ]:
+        response = client.post(url, {"brain": "seeing", **body}, format="json")
+        assert response.status_code == 400 and response.json()["code"] == "invalid_payload", response.content
+        assert list(response.json()["errors"]) == [field], body
+    assert "writer cannot see" in client.post(url, {"prompt": "Look", "brain": "seeing", "team": ["writer"],
+                                                     "images": [SHOT]}, format="json").json()["detail"]  # fmt: skip
+    assert not Prompt.objects.exists()
 
-    assert body["status"] == "failed" and "writer cannot see" in body["reason"]
-    assert body["results"] == [] and fake_llm.received == []
+
+def test_a_forced_role_that_can_no_longer_see_when_routed_fails_the_prompt_with_the_reason(
+    seeing_brain: None, saga: Saga, alice: User, settings: LazySettings
+) -> None:
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+
+    settings.AGORA_HOOKS_INLINE = True  # the routing step runs hooks (none here), in this process
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Look.", brain="seeing", team=["tester"], images=[SHOT])
+    load_profiles(entries=[{"name": "s-tester", "role": "Tester", "model": "blind-m", "fallback_models": [],
+                            "model_capabilities": {}, "tools": ["finish"]}])  # fmt: skip
+
+    steps.advance(str(prompt.pk))
+
+    prompt.refresh_from_db()
+    assert prompt.status == Prompt.Status.FAILED and "tester cannot see" in prompt.reason
+    assert prompt.plan is None
 
 
 @pytest.mark.parametrize(
     "images",
-    [["file:///etc/passwd"], ["not a url"], ["https://"], [f"https://example.test/{'x' * 2000}.png"], [SHOT] * 9, [7]],
+    [
+        ["file:///etc/passwd"],
+        ["not a url"],
+        ["https://"],
+        [f"https://example.test/{'x' * 2000}.png"],
+        [SHOT] * 9,
+        [7],
+        ["https://example.test/a\x07.png"],
+    ],
 )
 def test_bad_image_urls_are_refused_before_anything_is_created(
     seeing_brain: None, saga: Saga, alice: User, client_for: Callable[[User], APIClient], images: list[Any]

@@ -8,7 +8,7 @@ from django.db import transaction
 from rest_framework.test import APIClient
 
 from accounts.models import User
-from agents.references import artifact_refs, expand_references, resolve_artifacts
+from agents.references import artifact_refs, check_references, expand_references, resolve_artifacts
 from journal.actions import record
 from sagas import actions, errors
 from sagas.models import Run, Saga
@@ -55,13 +55,13 @@ def test_an_artifact_reference_appends_its_text(saga: Saga, alice: User) -> None
     )
 
 
-def test_an_image_artifact_marks_the_prompt_as_needing_vision(saga: Saga, alice: User) -> None:
+def test_an_image_artifact_is_listed_for_the_models_that_can_see(saga: Saga, alice: User) -> None:
     text, images = expand_references(text="What is wrong in @artifact:screen.png?", saga=saga, user=alice)
 
     assert images == ["screen.png"] and "--- @artifact:screen.png (image/png, 72 bytes) ---" in text
-    assert expand_references(text="@artifact:screen.png @artifact:spec.md", saga=saga, user=alice).images == [
-        "screen.png"
-    ]
+    both = "@artifact:screen.png @artifact:spec.md"
+    assert expand_references(text=both, saga=saga, user=alice).images == ["screen.png"]
+    assert check_references(text=both, saga=saga, user=alice) == ["screen.png"]
     assert "[A file; download it" in expand_references(text="@artifact:dump.bin", saga=saga, user=alice).text
 
 
