@@ -18,7 +18,7 @@ from accounts.models import User
 from agents.hooks.lifecycle import FEEDBACK_HEADING
 from agents.hooks.models import HookResult
 from agents.orchestrator import actions, reads
-from agents.orchestrator.models import LEAD_PREFIX, Brain, Prompt
+from agents.orchestrator.models import Brain, Prompt
 from config.params import FORM_SENT, form_key
 from sagas import errors
 from sagas.access import may_manage
@@ -52,9 +52,12 @@ def plan_views(saga: Saga, prompts: list[Prompt]) -> list[dict[str, Any]]:
     # Each with whether it waits on an answer to something it asked: a worker idle on one is not done
     # (reads.outcomes), and live_status() says it waits.
     asking = RawSQL(reads.asks_open(f'"{Collaborator._meta.db_table}"."id"'), [], output_field=BooleanField())
-    # One prompt's workers, or all the saga's orchestrations' (a page of recent ones).
-    names = prompts[0].lead_name if len(prompts) == 1 else LEAD_PREFIX
-    brains = Collaborator.objects.filter(saga=saga, name__startswith=names).annotate(asking=asking)
+    if not prompts:
+        return []
+    leads = Q()
+    for prompt in prompts:  # their leads and workers: `brain-<id>` and `brain-<id>.<slot>`
+        leads |= Q(name__startswith=prompt.lead_name)
+    brains = Collaborator.objects.filter(leads, saga=saga).annotate(asking=asking)
     runs = {c.name: c.run for c in brains.select_related("run") if hasattr(c, "run")}
     hooks = hook_outcomes(saga, prompts)
     return [{**plan_view(p, runs, hooks.get(str(p.pk), [])), "hooks": hooks.get(str(p.pk), [])} for p in prompts]

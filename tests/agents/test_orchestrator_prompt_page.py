@@ -2,33 +2,15 @@
 prompts, whose pages keep their plan views readable, also after the saga ends; for anyone who may
 see the saga, and nobody else."""
 
-import json
-from pathlib import Path
-
-import pytest
 from django.test import Client
 
 from accounts.models import User
-from agents.actions import load_profiles
-from agents.orchestrator.actions import load_brains, submit_prompt
+from agents.orchestrator.actions import submit_prompt
 from agents.orchestrator.models import Prompt
 from agents.orchestrator.views import PROMPTS_SHOWN
 from sagas import actions
 from sagas.models import Saga
-
-ROOT = Path(__file__).resolve().parents[2] / "agents"
-
-
-@pytest.fixture
-def default_brain(transactional_db: None) -> None:
-    load_profiles(entries=json.loads((ROOT / "profiles" / "brain.json").read_text()))
-    load_brains(entries=json.loads((ROOT / "brains" / "default.json").read_text()))
-
-
-def page_client(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
+from tests.agents.orchestration_support import page_client
 
 
 def test_older_prompts_are_listed_and_each_has_a_readable_page(default_brain: None, saga: Saga, alice: User) -> None:
@@ -38,7 +20,7 @@ def test_older_prompts_are_listed_and_each_has_a_readable_page(default_brain: No
             "requires_review": False, "source": "router", "reason": "code"}  # fmt: skip
     Prompt.objects.filter(pk=oldest.pk).update(
         plan=plan, step=Prompt.Step.DONE, status=Prompt.Status.COMPLETED, answer="Done it.",
-        final_answer="Done it, with a cursor.",
+        final_answer="Done it, with a cursor." + " And more." * 300,
         results=[{"role": "tester", "status": "completed", "summary": "Twelve cases pass.", "risks": [],
                   "artifacts": []}],
     )  # fmt: skip
@@ -54,6 +36,12 @@ def test_older_prompts_are_listed_and_each_has_a_readable_page(default_brain: No
             assert f'<article class="plan-view" data-prompt="{prompt.pk}"' not in html
         # Each plan view links to its own page.
         assert f'href="/sagas/{saga.pk}/prompts/{prompts[-1].pk}/" data-permalink' in html
+    # A long final answer is cut on the saga page, whole on the prompt's (the third's, still shown).
+    long = "Long. " * 500
+    Prompt.objects.filter(pk=prompts[2].pk).update(plan=plan, status=Prompt.Status.COMPLETED, final_answer=long)
+    shown = client.get(f"/sagas/{saga.pk}/live/prompts/").content.decode()
+    assert shown.count("Long.") < 400 and f'href="/sagas/{saga.pk}/prompts/{prompts[2].pk}/" data-whole' in shown
+    assert client.get(f"/sagas/{saga.pk}/prompts/{prompts[2].pk}/").content.decode().count("Long.") == 500
 
     Saga.objects.filter(pk=saga.pk).update(status=Saga.Status.COMPLETED)  # no action ends one yet
     page = client.get(f"/sagas/{saga.pk}/prompts/{oldest.pk}/")
@@ -61,15 +49,19 @@ def test_older_prompts_are_listed_and_each_has_a_readable_page(default_brain: No
     html = page.content.decode()
     assert f'<article class="plan-view" data-prompt="{oldest.pk}" data-status="completed">' in html
     assert "Cover page two." in html and "Twelve cases pass." in html and "Done it, with a cursor." in html
+    assert html.count("And more.") == 300 and "data-whole" not in html
     assert html.count('<article class="plan-view"') == 1 and "Still running" not in html
     assert "Still running" in client.get(f"/sagas/{saga.pk}/prompts/{prompts[-1].pk}/").content.decode()
 
 
-def test_a_prompt_page_is_only_for_those_who_may_see_its_saga(default_brain: None, saga: Saga, alice: User) -> None:
+def test_a_prompt_page_is_only_for_those_who_may_see_its_saga(
+    default_brain: None, saga: Saga, alice: User, bob: User, mallory: User
+) -> None:
     prompt, _ = submit_prompt(saga=saga, by=alice, text="Only for the team.")
     other = actions.create_saga(title="Elsewhere", owner=alice)
-    mallory = User.objects.create_user(username="mallory", password="x")
+    actions.add_human(saga=saga, user=bob, role="Analyst", task="Watch", by=alice)
 
+    assert "Only for the team." in page_client(bob).get(f"/sagas/{saga.pk}/prompts/{prompt.pk}/").content.decode()
     assert page_client(mallory).get(f"/sagas/{saga.pk}/prompts/{prompt.pk}/").status_code == 404
     assert page_client(alice).get(f"/sagas/{other.pk}/prompts/{prompt.pk}/").status_code == 404  # not that saga's
     assert Client().get(f"/sagas/{saga.pk}/prompts/{prompt.pk}/").status_code == 302  # to sign in
