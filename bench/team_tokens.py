@@ -4,7 +4,7 @@ the sum over every teammate's transcript that it replaced, in the same run.
     .venv/bin/python bench/team_tokens.py [--history 0,2000,20000] [--calls 300]
 
 Every turn of a teammate starts by reading its team's token budget and what the team has used
-(`agents.executor._TEAM_TOKENS_SQL`): now one row, the `tokens_used` its teammates' turns add to.
+(`agents.turns._TEAM_TOKENS_SQL`): now one row, the `tokens_used` its teammates' turns add to.
 Before, it summed the tokens of every transcript entry of every teammate. Here a team of two
 teammates gets a growing number of transcript entries (`--history`, split between them), and both
 reads are timed `--calls` times as the hot path runs them (on PostgreSQL prepared, with fresh

@@ -4,8 +4,10 @@ prompts submitted and read back through the REST API."""
 from pathlib import Path
 from typing import Any
 
+from django.test import Client
 from rest_framework.test import APIClient
 
+from accounts.models import User
 from journal.models import JournalEvent
 from sagas.models import Saga
 from tests.support import wait_until
@@ -15,6 +17,13 @@ BRAINS = Path(__file__).resolve().parents[2] / "agents" / "brains" / "default.js
 
 FAKE_MODELS = {"router": "router-m", "coder": "coder-m", "tester": "tester-m", "writer": "writer-m",
                "review": "review-m"}  # fmt: skip
+
+
+def page_client(user: User) -> Client:
+    """A browser's client, signed in as `user`: the saga page and its forms."""
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 def submit(client: APIClient, saga: Saga, **body: Any) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 (and so the hooks), the fake OpenAI-compatible server answers for every role."""
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,18 +27,12 @@ from tests.support import CeleryWorker, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("fake_brain")]
 
 
-def client_for(user: User) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
-
-
 def hook_events(saga: Saga, type: str) -> list[dict[str, object]]:
     return list(JournalEvent.objects.filter(saga=saga, type=type).order_by("seq").values_list("data", flat=True))
 
 
 def test_a_session_start_block_ends_the_prompt_blocked_before_routing(
-    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User
+    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User, client_for: Callable[[User], APIClient]
 ) -> None:
     verdict = json.dumps({"decision": "block", "reason": "No work on release day."})
     load_hooks(entries=[command("freeze", "SessionStart", "--print", verdict)])
@@ -58,7 +53,12 @@ def test_a_session_start_block_ends_the_prompt_blocked_before_routing(
 
 
 def test_hooks_wrap_every_step_and_artifacts_reach_the_workers(
-    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User, tmp_path: Path
+    worker: CeleryWorker,
+    fake_llm: FakeLLM,
+    saga: Saga,
+    alice: User,
+    client_for: Callable[[User], APIClient],
+    tmp_path: Path,
 ) -> None:
     actions.add_artifact(saga=saga, name="spec.md", content=b"Cursor tokens are opaque.", content_type="text/plain",
                          by=alice)  # fmt: skip
@@ -136,7 +136,7 @@ def hook_span(event: JournalEvent) -> tuple[float, float]:
 
 
 def test_the_support_workers_subagent_start_hooks_run_side_by_side(
-    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User
+    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User, client_for: Callable[[User], APIClient]
 ) -> None:
     """Two support workers, each with a 2 s SubagentStart handler, two worker processes: each
     worker runs its own hook in its own task, so the two runs overlap; a block on one fails only
@@ -173,7 +173,8 @@ def test_the_support_workers_subagent_start_hooks_run_side_by_side(
 
 
 def test_a_worker_killed_mid_subagent_start_runs_no_finished_handler_again(
-    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User, redis_url: str, artifacts: Path,
+    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User, client_for: Callable[[User], APIClient],
+    redis_url: str, artifacts: Path,
     runtime_env: dict[str, str], tmp_path: Path,
 ) -> None:  # fmt: skip
     from sagas.tasks import reconcile
@@ -214,7 +215,9 @@ def test_a_worker_killed_mid_subagent_start_runs_no_finished_handler_again(
     assert "Quick context.\\n\\nLate." in request_text(call)  # both contexts, in the handoff's JSON
 
 
-def test_bad_references_are_refused_at_submission(saga: Saga, alice: User, bob: User) -> None:
+def test_bad_references_are_refused_at_submission(
+    saga: Saga, alice: User, client_for: Callable[[User], APIClient], bob: User
+) -> None:
     hidden = actions.create_saga(title="Bob's", goal="Not for Alice", owner=bob)
     client = client_for(alice)
     url = f"/api/v1/sagas/{saga.pk}/prompts/"

@@ -3,35 +3,18 @@ live part the page's script re-fetches."""
 
 import json
 import re
-from pathlib import Path
 
-import pytest
 from django.conf import LazySettings
 from django.test import Client
 
 from accounts.models import User
-from agents.actions import load_profiles
-from agents.orchestrator.actions import load_brains
 from agents.orchestrator.models import Prompt
 from config.params import FORM_SENT
 from sagas import actions
 from sagas.models import Saga
 from tests.agents.fake_llm import FakeLLM, say
+from tests.agents.orchestration_support import page_client
 from tests.support import CeleryWorker, wait_until
-
-ROOT = Path(__file__).resolve().parents[2] / "agents"
-
-
-@pytest.fixture
-def default_brain(transactional_db: None) -> None:
-    load_profiles(entries=json.loads((ROOT / "profiles" / "brain.json").read_text()))
-    load_brains(entries=json.loads((ROOT / "brains" / "default.json").read_text()))
-
-
-def page_client(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def test_the_prompt_box_starts_an_orchestration_and_the_plan_view_shows_it(
