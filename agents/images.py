@@ -25,17 +25,19 @@ def artifact_names(messages: list[dict[str, Any]]) -> set[str]:
     return {url.removeprefix(ARTIFACT) for url in image_urls(messages) if url.startswith(ARTIFACT)}
 
 
-def for_request(messages: list[dict[str, Any]], *, saga_id: Any) -> list[dict[str, Any]]:
-    """The messages as sent: each artifact's part as a data URL, the saga's artifacts read once."""
-    names = artifact_names(messages)
-    if not names:
-        return messages
-    found = {
-        name: f"data:{content_type};base64,{base64.b64encode(bytes(content)).decode('ascii')}"
-        for name, content_type, content in Artifact.objects.filter(saga_id=saga_id, name__in=names).values_list(
-            "name", "content_type", "content"
+def for_request(
+    messages: list[dict[str, Any]], *, saga_id: Any, found: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The messages as sent: each artifact's part as a data URL, the saga's artifacts read once
+    (`found`: the data URLs already made, by name, which this adds to: a task's later calls)."""
+    found = {} if found is None else found
+    if missing := artifact_names(messages) - set(found):
+        found.update(
+            (name, f"data:{content_type};base64,{base64.b64encode(bytes(content)).decode('ascii')}")
+            for name, content_type, content in Artifact.objects.filter(saga_id=saga_id, name__in=missing).values_list(
+                "name", "content_type", "content"
+            )
         )
-    }
 
     def sent(part: Any) -> Any:
         url = part_url(part)

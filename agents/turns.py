@@ -70,6 +70,7 @@ class Turns:
         self.orchestrator_read: Callable[[], list[Prompt]] | None = None
         profile, kind, name, *self.start_read = claimed.also
         self.images = starts.prompt_images(self.start_read)  # a prompt's worker: its images, if it has any
+        self.data_urls: dict[str, str] = {}  # its image artifacts, as sent (images.for_request)
         self.profile: AgentProfile | None = profile  # None: the turn fails the run (begin())
         self.mcp = mcp.RunTools(run.pk, profile.mcp_servers if profile else [])
         self.delegator = f"{kind}:{name}" if kind else ""  # who handed this run its task, if someone did
@@ -355,9 +356,9 @@ class Turns:
         if report := self.mcp.connect():
             self.journal("mcp_connect", {"servers": report})
         tools = schemas(self.profile.tools, saga_id=self.saga_id) + self.mcp.schemas()
-        if artifact_names(history):  # read from the database: after the COMMIT sent before the call
+        if artifact_names(history) - set(self.data_urls):  # a read: after the COMMIT sent before the call
             self.committed()
-            history = for_request(history, saga_id=self.saga_id)
+        history = for_request(history, saga_id=self.saga_id, found=self.data_urls)
         also = [VISION] if self.images else []
         for model in self.profile.candidates:
             if lacks := self.profile.lacks(model, also=also):

@@ -28,13 +28,11 @@ def ask_router(*, profile_name: str, text: str, saga_id: Any, actor: str, images
     profile = profile_named(profile_name)
     if profile is None:
         return None, f"no planner profile {profile_name!r}"
-    sent = for_request(
-        [
-            {"role": "system", "content": profile.system_prompt or "You route requests to specialist agents."},
-            {"role": "user", "content": with_images(text, images)},
-        ],
-        saga_id=saga_id,
-    )
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": profile.system_prompt or "You route requests to specialist agents."},
+        {"role": "user", "content": with_images(text, images)},
+    ]
+    sent: list[dict[str, Any]] = []  # as sent: made for the first candidate that may be asked
     errors = []
     for model in profile.candidates:
         if lacks := profile.lacks(model, also=[VISION] if images else []):
@@ -45,6 +43,7 @@ def ask_router(*, profile_name: str, text: str, saga_id: Any, actor: str, images
                 data={"role": "router", "model": model, "lacks": lacks},
             )
             continue
+        sent = sent or for_request(messages, saga_id=saga_id)
         started = time.perf_counter()
         try:
             completion = provider_for(model, profile.endpoint).complete(model=model, messages=sent, tools=[])

@@ -179,3 +179,24 @@ def test_the_prompt_box_takes_image_urls(seeing_brain: None, saga: Saga, alice: 
 
     client.post(f"/sagas/{saga.pk}/prompts/", {**sent, "images": f"{SHOT}\n https://example.test/two.png "})
     assert Prompt.objects.get().images == [SHOT, "https://example.test/two.png"]
+
+
+def test_an_artifacts_data_url_is_made_once_per_task(saga: Saga, alice: User, django_assert_num_queries: Any) -> None:
+    from agents.images import for_request, with_images
+
+    actions.add_artifact(saga=saga, name="screen.png", content=PNG, content_type="image/png", by=alice)
+    messages = [{"role": "user", "content": with_images("Look.", [SHOT, "artifact:screen.png"])}]
+    found: dict[str, str] = {}
+
+    with django_assert_num_queries(1):
+        sent = for_request(messages, saga_id=saga.pk, found=found)
+    data_url = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    assert [p.get("image_url", {}).get("url") or p["text"] for p in sent[0]["content"]] == ["Look.", SHOT, data_url]
+    stored = messages[0]["content"]
+    assert isinstance(stored, list) and stored[2]["image_url"]["url"] == "artifact:screen.png"  # stored as it was
+    with django_assert_num_queries(0):  # the task's next call
+        assert for_request(messages, saga_id=saga.pk, found=found) == sent
+    gone = [{"role": "user", "content": with_images("And?", ["artifact:gone.png"])}]
+    assert for_request(gone, saga_id=saga.pk)[0]["content"][1] == {
+        "type": "text", "text": "[The image artifact gone.png was deleted.]"
+    }  # fmt: skip
