@@ -135,6 +135,8 @@ def route(prompt: Prompt, here: "Here") -> bool:
             images=images,
         )
         plan = plans.normalize_router_decision(answer, routing, fallback, error=error)
+        if seeing is not None and not routing.review_role and review_wanted(brain, text):
+            plan["review_skipped"] = f"The {brain.review_role} role cannot see the prompt's images."
     if images:  # every worker of the prompt gets them, and runs only on models that can see them
         plan["images"] = images
     with actions.saga_transaction(prompt.saga):
@@ -259,6 +261,12 @@ def primary_mcp(prompt: Prompt) -> dict[str, dict[str, Any]]:
     name = prompt.brain.roles.get(role, "")
     profile = prompt.profiles_read.get(name) if prompt.profiles_read is not None else profile_named(name)
     return mcp.check_servers(f"prompt-{prompt.pk}", list(profile.mcp_servers) if profile else [])
+
+
+def review_wanted(brain: Any, text: str) -> bool:
+    """Whether the brain would have the prompt reviewed, were its review role able to see images."""
+    routing = plans.Routing.of(brain)
+    return bool(routing.review_role) and plans.heuristic_plan(text, routing)["requires_review"]
 
 
 def claim_routing(prompt: Prompt) -> bool:

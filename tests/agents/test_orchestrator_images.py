@@ -200,3 +200,29 @@ def test_an_artifacts_data_url_is_made_once_per_task(saga: Saga, alice: User, dj
     assert for_request(gone, saga_id=saga.pk)[0]["content"][1] == {
         "type": "text", "text": "[The image artifact gone.png was deleted.]"
     }  # fmt: skip
+
+
+def test_a_review_role_that_cannot_see_is_skipped_and_the_plan_says_so(
+    seeing_brain: None, saga: Saga, alice: User, settings: LazySettings
+) -> None:
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+    from tests.agents.orchestration_support import page_client
+
+    settings.AGORA_HOOKS_INLINE = True  # the routing step runs hooks (none here), in this process
+    load_profiles(entries=[{"name": "s-blind-review", "role": "Review", "model": "blind-m", "tools": ["finish"]}])
+    load_brains(entries=[{"name": "half", "planner_profile": "s-router", "default_primary": "coder",
+                          "roles": {"coder": "s-coder", "review": "s-blind-review"}, "review_role": "review",
+                          "review_by_default": True}])  # fmt: skip
+    looked, _ = submit_prompt(saga=saga, by=alice, text="Implement it.", brain="half", images=[SHOT])
+    plain, _ = submit_prompt(saga=saga, by=alice, text="Implement it.", brain="half")
+
+    for prompt in (looked, plain):
+        steps.advance(str(prompt.pk))  # in this process: routing (no router answers here), the primary starts
+        prompt.refresh_from_db()
+
+    assert looked.plan is not None and looked.plan["requires_review"] is False
+    assert looked.plan["review_skipped"] == "The review role cannot see the prompt's images."
+    assert plain.plan is not None and plain.plan["requires_review"] is True and "review_skipped" not in plain.plan
+    html = page_client(alice).get(f"/sagas/{saga.pk}/live/prompts/").content.decode()
+    assert html.count("data-review-skipped") == 1 and "no review: The review role cannot see" in html
