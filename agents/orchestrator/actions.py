@@ -59,10 +59,11 @@ def is_image_url(url: object) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
-def check_images(urls: list[str], artifacts: list[str], brain: Brain, team: list[str]) -> None:
+def check_images(urls: list[str], artifacts: list[str], brain: Brain, team: list[str]) -> set[str] | None:
     """A prompt's images: at most MAX_IMAGES in all (its URLs and the image artifacts it references),
     each URL an http(s) one, and roles that can see them: every forced role, or else one support role
-    at least. Routing checks the roles again (profiles may change meanwhile)."""
+    at least. Returns those roles (None: no image). Checked at submission, and again by routing (a
+    profile may have changed meanwhile: the prompt then fails with the same reason)."""
     if len(urls) + len(artifacts) > MAX_IMAGES:
         raise errors.InvalidPayload(
             "Too many images.", errors={"images": [f"At most {MAX_IMAGES}, with the image artifacts referenced."]}
@@ -73,7 +74,7 @@ def check_images(urls: list[str], artifacts: list[str], brain: Brain, team: list
             errors={"images": [f"Item {i}: an http(s) URL of at most {MAX_IMAGE_URL} characters." for i in bad]},
         )
     if not (urls or artifacts):
-        return
+        return None
     seeing = vision_roles(brain.roles)
     if blind := [r for r in team if r not in seeing]:
         raise errors.InvalidPayload(
@@ -85,6 +86,7 @@ def check_images(urls: list[str], artifacts: list[str], brain: Brain, team: list
             "The prompt carries images, and no role of this brain can see them.",
             errors={"images": [f"No role of {brain.name} has a model that can see images."]},
         )
+    return seeing
 
 
 @transaction.atomic

@@ -34,6 +34,7 @@ from agents.images import ARTIFACT
 from agents.mcp import runtime as mcp
 from agents.models import profile_named
 from agents.orchestrator import handoffs, plans, router
+from agents.orchestrator.actions import check_images
 from agents.orchestrator.models import Prompt
 from agents.orchestrator.reads import Outcome, outcomes, read_prompt
 from config.sql import db_value, failed_with, prepared, update
@@ -117,15 +118,11 @@ def route(prompt: Prompt, here: "Here") -> bool:
         return end_blocked(prompt, entry)
     prompt.expanded = text = entry.text
     images = [*prompt.images, *(f"{ARTIFACT}{name}" for name in entry.images)]
-    seeing = router.vision_roles(brain.roles) if images else None
+    seeing = check_images(prompt.images, list(entry.images), brain, prompt.team)  # refused: take_step fails it
     if prompt.is_team:
-        if seeing is not None and (blind := [r for r in prompt.team if r not in seeing]):
-            return fail(prompt, Step.ROUTING, f"The prompt carries images, which {', '.join(blind)} cannot see.")
         plan = plans.forced_plan(prompt.team)
     else:
         routing = plans.Routing.of(brain, allowed=seeing)
-        if not routing.support_roles:
-            return fail(prompt, Step.ROUTING, "No role of this brain can see images.")
         fallback = plans.heuristic_plan(text, routing)
         answer, error = router.ask_router(
             profile_name=brain.planner_profile,
