@@ -356,9 +356,10 @@ class Turns:
         if report := self.mcp.connect():
             self.journal("mcp_connect", {"servers": report})
         tools = schemas(self.profile.tools, saga_id=self.saga_id) + self.mcp.schemas()
-        if artifact_names(history) - set(self.data_urls):  # a read: after the COMMIT sent before the call
-            self.committed()
-        history = for_request(history, saga_id=self.saga_id, found=self.data_urls)
+        if self.images:  # only a prompt's worker with images has image parts
+            if artifact_names(history) - set(self.data_urls):  # a read: after the COMMIT sent before the call
+                self.committed()
+            history = for_request(history, saga_id=self.saga_id, found=self.data_urls)
         also = [VISION] if self.images else []
         for model in self.profile.candidates:
             if lacks := self.profile.lacks(model, also=also):
