@@ -43,14 +43,22 @@ class PromptCreatedOutput(serializers.Serializer):
     lead = serializers.CharField(help_text="The orchestration's lead collaborator, agent:brain-….")
 
 
-class PromptOutput(serializers.Serializer):
+class PromptSummaryOutput(serializers.Serializer):
     prompt_id = serializers.UUIDField()
-    saga = serializers.UUIDField()
     brain = serializers.CharField()
     lead = serializers.CharField()
     status = serializers.CharField(help_text=" | ".join(Prompt.Status.values))
     step = serializers.CharField(help_text=" → ".join(Prompt.Step.values))
     prompt = serializers.CharField()
+    reason = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class PromptOutput(PromptSummaryOutput):
+    """A prompt whole: its summary, then what it was routed as and what came of it."""
+
+    saga = serializers.UUIDField()
     expanded = serializers.CharField(
         allow_blank=True, help_text="The prompt as routed: references expanded, hook context added."
     )
@@ -72,21 +80,6 @@ class PromptOutput(serializers.Serializer):
     answer = serializers.CharField(allow_blank=True, help_text="The primary's answer.")
     review = serializers.JSONField(allow_null=True)
     final_answer = serializers.CharField(allow_blank=True)
-    reason = serializers.CharField(allow_blank=True)
-    created_at = serializers.DateTimeField()
-    updated_at = serializers.DateTimeField()
-
-
-class PromptSummaryOutput(serializers.Serializer):
-    prompt_id = serializers.UUIDField()
-    brain = serializers.CharField()
-    lead = serializers.CharField()
-    status = serializers.CharField(help_text=" | ".join(Prompt.Status.values))
-    step = serializers.CharField(help_text=" → ".join(Prompt.Step.values))
-    prompt = serializers.CharField()
-    reason = serializers.CharField(allow_blank=True)
-    created_at = serializers.DateTimeField()
-    updated_at = serializers.DateTimeField()
 
 
 class PromptListOutput(serializers.Serializer):
@@ -97,6 +90,14 @@ def principal(request: Request) -> User:
     if not isinstance(request.user, User):
         raise exceptions.NotAuthenticated()
     return request.user
+
+
+def visible_saga(user: User, saga_id: UUID) -> Saga:
+    """The saga, if `user` may see it; to anyone else `not_found`, as for one that does not exist."""
+    saga = Saga.objects.visible_to(user).filter(pk=saga_id).first()
+    if saga is None:
+        raise errors.NotFound(f"No saga {saga_id}.")
+    return saga
 
 
 class PromptCreateApi(APIView):
@@ -111,9 +112,7 @@ class PromptCreateApi(APIView):
     def post(self, request: Request, saga_id: UUID) -> Response:
         """Run the Brain on a prompt (managers of the saga); `team` forces roles (no router, no review)."""
         user = principal(request)
-        saga = Saga.objects.visible_to(user).filter(pk=saga_id).first()
-        if saga is None:
-            raise errors.NotFound(f"No saga {saga_id}.")
+        saga = visible_saga(user, saga_id)
         check_may_prompt(user, saga)
         serializer = PromptCreateInput(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -133,9 +132,7 @@ class PromptListApi(APIView):
     def get(self, request: Request, saga_id: UUID) -> Response:
         """The saga's prompts, newest first (the latest 200), for anyone who may see the saga; each
         one whole at `/api/v1/prompts/{prompt_id}/`."""
-        saga = Saga.objects.visible_to(principal(request)).filter(pk=saga_id).first()
-        if saga is None:
-            raise errors.NotFound(f"No saga {saga_id}.")
+        saga = visible_saga(principal(request), saga_id)
         prompts = Prompt.objects.filter(saga=saga).select_related("brain")[:PROMPTS_LISTED]
         return Response(PromptListOutput({"prompts": [p.as_dict() for p in prompts]}).data)
 
