@@ -43,6 +43,13 @@ async def passes(url: str) -> bool:
     return True  # the check before the request, answered on a public address
 
 
+@pytest.fixture
+def webhooks_screened(settings: LazySettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Webhooks refused on private addresses, their URL's check before the request passed."""
+    settings.AGORA_A2A_PUSH_PRIVATE_URLS = False
+    monkeypatch.setattr(tasks, "validate_push_notification_url", passes)
+
+
 @pytest.mark.parametrize(
     ("address", "public"),
     [
@@ -104,11 +111,9 @@ def test_a_remote_agent_whose_name_passed_the_check_reaches_no_private_address(
 
 
 def test_a_webhook_whose_name_passed_the_check_reaches_no_private_address(
-    private: tuple[str, type[Recorder]], settings: LazySettings, monkeypatch: pytest.MonkeyPatch
+    private: tuple[str, type[Recorder]], webhooks_screened: None, settings: LazySettings
 ) -> None:
     url, server = private
-    settings.AGORA_A2A_PUSH_PRIVATE_URLS = False
-    monkeypatch.setattr(tasks, "validate_push_notification_url", passes)
     config = PushConfig(url=url, token="the-client's-token")
 
     error = tasks.deliver(config, pb.Task(id="t-1", context_id="c"))
@@ -120,12 +125,10 @@ def test_a_webhook_whose_name_passed_the_check_reaches_no_private_address(
 
 
 def test_behind_a_proxy_named_in_the_environment_the_connection_goes_to_the_proxy(
-    private: tuple[str, type[Recorder]], settings: LazySettings, monkeypatch: pytest.MonkeyPatch
+    private: tuple[str, type[Recorder]], webhooks_screened: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The proxy resolves the hosts itself: the webhook is posted through it, as before."""
     proxy, server = private
-    settings.AGORA_A2A_PUSH_PRIVATE_URLS = False
-    monkeypatch.setattr(tasks, "validate_push_notification_url", passes)
     monkeypatch.setenv("HTTP_PROXY", proxy.removesuffix("/agent/"))
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
