@@ -11,7 +11,6 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from accounts.models import User
 from agents.actions import load_profiles
 from agents.orchestrator.models import Brain
 from agents.orchestrator.plans import Routing, heuristic_plan
@@ -69,14 +68,6 @@ def profiles(db: None) -> None:
             for role in ("router", "coder", "tester", "writer", "review")
         ]
     )
-
-
-@pytest.fixture
-def root(db: None) -> Client:
-    user = User.objects.create_superuser(username="root", password="root-password", email="root@example.com")
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def load(path: Path) -> str:
@@ -147,7 +138,7 @@ def stored(name: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("change", "field"), BAD_EDITS)
 def test_the_admin_refuses_what_the_loader_refuses_and_changes_nothing(
-    root: Client, tmp_path: Path, change: dict[str, Any], field: str
+    admin_client: Client, tmp_path: Path, change: dict[str, Any], field: str
 ) -> None:
     path = tmp_path / "brains.json"
     path.write_text(json.dumps([GOOD]))
@@ -155,7 +146,7 @@ def test_the_admin_refuses_what_the_loader_refuses_and_changes_nothing(
     before = stored("web")
     url = f"/admin/agents/brain/{before['id']}/change/"
 
-    response = root.post(url, admin_form({**GOOD, **change}))
+    response = admin_client.post(url, admin_form({**GOOD, **change}))
 
     assert response.status_code == 200  # the form again, not the redirect of a save
     errors = response.context["adminform"].form.errors
@@ -169,16 +160,16 @@ def test_the_admin_refuses_what_the_loader_refuses_and_changes_nothing(
     assert stored("web") == before
 
 
-def test_the_admin_adds_no_brain_whose_signals_do_not_compile(root: Client) -> None:
+def test_the_admin_adds_no_brain_whose_signals_do_not_compile(admin_client: Client) -> None:
     bad = {**GOOD, "name": "new", "signals": {"coder": ["[a-"]}}
 
-    response = root.post("/admin/agents/brain/add/", admin_form(bad))
+    response = admin_client.post("/admin/agents/brain/add/", admin_form(bad))
 
     assert response.status_code == 200 and "signals" in response.context["adminform"].form.errors
     assert not Brain.objects.filter(name="new").exists()
 
 
-def test_a_good_edit_in_the_admin_is_saved_and_routes(root: Client, tmp_path: Path) -> None:
+def test_a_good_edit_in_the_admin_is_saved_and_routes(admin_client: Client, tmp_path: Path) -> None:
     path = tmp_path / "brains.json"
     path.write_text(json.dumps([GOOD]))
     load(path)
@@ -191,7 +182,7 @@ def test_a_good_edit_in_the_admin_is_saved_and_routes(root: Client, tmp_path: Pa
         "max_parallel_agents": 1,
     }
 
-    response = root.post(f"/admin/agents/brain/{before['id']}/change/", admin_form(edit))
+    response = admin_client.post(f"/admin/agents/brain/{before['id']}/change/", admin_form(edit))
 
     assert response.status_code == 302, response.context["adminform"].form.errors
     brain = Brain.objects.get(pk=before["id"])

@@ -16,14 +16,6 @@ LIST = "/admin/journal/journalevent/"
 
 
 @pytest.fixture
-def admin_client(db: None) -> Client:
-    root = User.objects.create_superuser(username="root", password="root-password", email="root@example.com")
-    client = Client()
-    client.force_login(root)
-    return client
-
-
-@pytest.fixture
 def event(saga: Saga) -> JournalEvent:
     event = record(
         saga_id=saga.pk, type="request.sent", actor="agent:coder", run_id="run-7", data={"to": "agent:qa", "n": 1}
