@@ -32,8 +32,7 @@ from sagas.remotes import RemoteCall
 
 logger = logging.getLogger(__name__)
 
-STEP_LEASE_S = 30.0  # longer than one exchange can take (HTTP_TIMEOUT_S for the card and the call)
-HTTP_TIMEOUT_S = 10.0
+HTTP_TIMEOUT_S = 10.0  # for the card, and for the call: a step's lease (AGORA_A2A_STEP_LEASE_S) outlasts both
 POLL_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # how soon to look again at a remote task at work, growing
 BACKOFF_S = 0.5  # after a transport failure: 0.5, 1, 2, 4 … s, at most MAX_BACKOFF_S
 MAX_BACKOFF_S = 30.0
@@ -62,7 +61,7 @@ class Refused(Exception):
 
 def follow(call_id: str, step: int) -> None:
     """One step of a call; safe to run twice (the claim lets one through)."""
-    call = actions.claim_remote_step(call_id=call_id, step=step, lease_s=STEP_LEASE_S)
+    call = actions.claim_remote_step(call_id=call_id, step=step, lease_s=settings.AGORA_A2A_STEP_LEASE_S)
     if call is None:
         return  # a duplicated doorbell, a step another worker holds, or the call has ended
     remote = call.remote_agent

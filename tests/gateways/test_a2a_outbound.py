@@ -79,7 +79,7 @@ def start_caller(
             saga=saga, name="caller", role="Caller", task="Ask", runtime="internal", profile="caller", by=alice
         )
         env = {"OPENAI_BASE_URL": fake_llm.url, "OPENAI_API_KEY": "test", "OPENAI_TIMEOUT_S": "5",
-               "AGORA_LEASE_S": "4", TOKEN_ENV: cast.ext_token}  # fmt: skip
+               "AGORA_LEASE_S": "4", "AGORA_A2A_STEP_LEASE_S": "5", TOKEN_ENV: cast.ext_token}  # fmt: skip
         workers.append(CeleryWorker(redis_url, artifacts, env=env))
         return Caller(saga=saga, agent=agent, helper_url=helper_url, worker=workers[-1])
 
