@@ -1,6 +1,7 @@
 """Faults between a request and its reply: the database is the truth, Redis and processes are not."""
 
 import pytest
+from django.conf import LazySettings
 from redis import Redis
 
 from accounts.models import User
@@ -66,8 +67,9 @@ def test_worker_killed_and_web_restarted_between_request_and_reply_the_reply_arr
 
 
 def test_after_redis_is_flushed_with_a_request_pending_the_reconciler_restores_delivery(
-    web_server: WebServer, celery_worker: CeleryWorker, alice: User, redis_url: str
+    web_server: WebServer, celery_worker: CeleryWorker, alice: User, redis_url: str, settings: LazySettings
 ) -> None:
+    settings.AGORA_RERING_S = 1  # the reconciler below rings a queued run untouched for 1 s, not 15
     saga_id, token = responder_saga(alice)
     wait_until(lambda: Run.objects.get(collaborator__name="responder").status == Run.Status.IDLE, timeout=60)
     celery_worker.kill()
