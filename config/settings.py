@@ -373,6 +373,3 @@ AGORA_A2A_REMOTE_PRIVATE_URLS = env_bool("AGORA_A2A_REMOTE_PRIVATE_URLS", DEBUG)
 AGORA_A2A_REMOTE_TIMEOUT_S = float(os.environ.get("AGORA_A2A_REMOTE_TIMEOUT_S", "60"))
 AGORA_A2A_REMOTE_MAX_TIMEOUT_S = float(os.environ.get("AGORA_A2A_REMOTE_MAX_TIMEOUT_S", "600"))
 AGORA_A2A_REMOTE_MAX_OPEN = int(os.environ.get("AGORA_A2A_REMOTE_MAX_OPEN", "16"))
-# How long a worker holds one step of such a call (one exchange: the agent's card, then the message
-# or the task's read, each within 10 s); a dead worker's step moves on once it lapses.
-AGORA_A2A_STEP_LEASE_S = float(os.environ.get("AGORA_A2A_STEP_LEASE_S", "30"))

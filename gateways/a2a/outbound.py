@@ -8,13 +8,15 @@ artifacts, or failed with a clear code) or schedule the next step. A remote task
 looked at again soon and then less often; a transport failure is tried again with backoff; the
 call's deadline bounds both. No step holds a worker while the remote agent thinks, so a remote
 agent served by the same workers is never starved by its caller. A step cut short by a crash is
-claimed again by the reconciler once its lease lapses; the message carries the call's id as its
-`messageId`, so a resend after a crash is the same message to a remote agent that deduplicates.
+claimed again by the reconciler once its lease lapses (renewed while its exchange runs: leased());
+the message carries the call's id as its `messageId`, so a resend after a crash is the same message
+to a remote agent that deduplicates.
 """
 
 import asyncio
 import logging
 import os
+from collections.abc import Coroutine
 from typing import Any
 
 import httpx
@@ -23,6 +25,7 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import A2AError
 from a2a.utils.push_url_validator import validate_push_notification_url
 from django.conf import settings
+from django.db import DatabaseError, connection
 from django.utils import timezone
 from google.protobuf.json_format import MessageToDict
 
@@ -32,7 +35,7 @@ from sagas.remotes import RemoteCall
 
 logger = logging.getLogger(__name__)
 
-HTTP_TIMEOUT_S = 10.0  # for the card, and for the call: a step's lease (AGORA_A2A_STEP_LEASE_S) outlasts both
+HTTP_TIMEOUT_S = 10.0
 POLL_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # how soon to look again at a remote task at work, growing
 BACKOFF_S = 0.5  # after a transport failure: 0.5, 1, 2, 4 … s, at most MAX_BACKOFF_S
 MAX_BACKOFF_S = 30.0
@@ -61,7 +64,7 @@ class Refused(Exception):
 
 def follow(call_id: str, step: int) -> None:
     """One step of a call; safe to run twice (the claim lets one through)."""
-    call = actions.claim_remote_step(call_id=call_id, step=step, lease_s=settings.AGORA_A2A_STEP_LEASE_S)
+    call = actions.claim_remote_step(call_id=call_id, step=step, lease_s=settings.AGORA_LEASE_S)
     if call is None:
         return  # a duplicated doorbell, a step another worker holds, or the call has ended
     remote = call.remote_agent
@@ -75,7 +78,7 @@ def follow(call_id: str, step: int) -> None:
         return
     attempts = call.attempts + 1
     try:
-        task = asyncio.run(exchange(call, remote.token_env))
+        task = asyncio.run(leased(call, exchange(call, remote.token_env)))
     except Transient as exc:
         failures = call.failures + 1
         logger.info("remote call %s to %s: %s (failure %s)", call.pk, call.url, exc, failures)
@@ -108,6 +111,27 @@ def follow(call_id: str, step: int) -> None:
         actions.schedule_remote_step(
             call=call, delay_s=delay, failures=0, attempts=attempts, task_id=task.id, context_id=task.context_id
         )
+
+
+async def leased(call: RemoteCall, exchange: Coroutine[Any, Any, pb.Task]) -> pb.Task:
+    """The exchange, with the step's lease (AGORA_LEASE_S) renewed every third of it while the
+    exchange runs, as the heartbeat renews a turn's: a slow remote agent leaves the step with its
+    live worker, and a dead worker's step lapses within seconds for the reconciler to ring again."""
+    running = asyncio.ensure_future(exchange)
+    while not (await asyncio.wait({running}, timeout=settings.AGORA_LEASE_S / 3))[0]:
+        await asyncio.to_thread(renew, call)
+    return running.result()
+
+
+def renew(call: RemoteCall) -> None:
+    """One renewal, on a thread of the exchange's loop and its own connection (closed after: a slow
+    exchange renews a few times, most renew never). A failed one is tried again at the next third."""
+    try:
+        actions.renew_remote_step(call_id=call.pk, step=call.step, lease_s=settings.AGORA_LEASE_S)
+    except DatabaseError:
+        logger.exception("remote call %s: its step's lease renewal failed", call.pk)
+    finally:
+        connection.close()
 
 
 def fail(call: RemoteCall, code: str, message: str) -> None:

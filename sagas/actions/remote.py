@@ -256,6 +256,14 @@ def claim_remote_step(*, call_id: str, step: int, lease_s: float) -> RemoteCall 
     return RemoteCall.objects.select_related("remote_agent").get(pk=call_id)
 
 
+def renew_remote_step(*, call_id: str, step: int, lease_s: float) -> bool:
+    """Extend the lease of a step whose exchange is still running (claim_remote_step()'s `step`
+    + 1, as the call holds it); False once the call has moved on or ended."""
+    now = timezone.now()
+    held = RemoteCall.objects.filter(pk=call_id, step=step, status__in=RemoteCall.OPEN, lease_until__isnull=False)
+    return bool(held.update(lease_until=now + timedelta(seconds=lease_s)))
+
+
 def schedule_remote_step(
     *, call: RemoteCall, delay_s: float, failures: int, attempts: int, task_id: str = "", context_id: str = ""
 ) -> bool:

@@ -4,13 +4,18 @@ another saga, so every call is a real A2A round trip through the a2a-sdk client,
 Celery worker whose environment holds the bearer token the endpoint's row names."""
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from django.conf import LazySettings
+from django.utils import timezone
 
 from accounts.models import User
 from agents.actions import load_profiles
@@ -21,6 +26,8 @@ from sagas.tasks import reconcile
 from tests.agents.fake_llm import FakeLLM, finish_once_answered, say, tool_call
 from tests.gateways.conftest import Cast
 from tests.support import CeleryWorker, WebServer, wait_until
+
+LEASE_S = 4.0  # the worker's AGORA_LEASE_S: a turn's, and a remote call step's
 
 pytestmark = pytest.mark.integration
 
@@ -59,17 +66,19 @@ def fake_llm() -> Iterator[FakeLLM]:
 @pytest.fixture
 def start_caller(
     web_server: WebServer, cast: Cast, alice: User, fake_llm: FakeLLM, redis_url: str, artifacts: Path
-) -> Iterator[Callable[[], Caller]]:
+) -> Iterator[Callable[..., Caller]]:
     """In a saga of its own, alice allows `helper` (the exposed responder) and `sloth` (the exposed
-    agent that answers only when a test says so), both with the external agent's token taken from
-    the worker's environment; then adds `caller`, an internal agent on the fake model, and starts
-    the worker."""
+    agent that answers only when a test says so), and any other remote agents the test names (name
+    = URL), all with the external agent's token taken from the worker's environment; then adds
+    `caller`, an internal agent on the fake model, and starts the worker."""
     workers: list[CeleryWorker] = []
 
-    def start() -> Caller:
+    def start(**more: str) -> Caller:
         saga = actions.create_saga(title="Caller", goal="Ask agents elsewhere", owner=alice)
         helper_url = cast.agent_url(web_server.url, "responder")
         actions.allow_remote_agent(saga=saga, name="helper", url=helper_url, token_env=TOKEN_ENV, by=alice)
+        for name, url in more.items():  # other remote agents, by name
+            actions.allow_remote_agent(saga=saga, name=name, url=url, token_env=TOKEN_ENV, by=alice)
         actions.allow_remote_agent(
             saga=saga, name="sloth", url=cast.agent_url(web_server.url, "slow"), token_env=TOKEN_ENV, by=alice
         )
@@ -79,7 +88,7 @@ def start_caller(
             saga=saga, name="caller", role="Caller", task="Ask", runtime="internal", profile="caller", by=alice
         )
         env = {"OPENAI_BASE_URL": fake_llm.url, "OPENAI_API_KEY": "test", "OPENAI_TIMEOUT_S": "5",
-               "AGORA_LEASE_S": "4", "AGORA_A2A_STEP_LEASE_S": "5", TOKEN_ENV: cast.ext_token}  # fmt: skip
+               "AGORA_LEASE_S": str(LEASE_S), TOKEN_ENV: cast.ext_token}  # fmt: skip
         workers.append(CeleryWorker(redis_url, artifacts, env=env))
         return Caller(saga=saga, agent=agent, helper_url=helper_url, worker=workers[-1])
 
@@ -218,3 +227,76 @@ def test_a_worker_killed_while_following_a_call_ends_it_once(
     assert tool_result(last, "c1")["reply"] == {"answer": 42.0}
     assert AgentRequest.objects.filter(recipient=cast.slow).count() == 1  # sent once
     assert [e.data["status"] for e in events(caller.saga, "remote_reply")] == ["completed"]  # ended once
+
+
+class HeldCard:
+    """A front for the gateway's agent cards that holds the first one asked for until the test
+    releases it (a remote agent slow to answer one step's exchange); the others pass at once. The
+    card names the gateway itself as the address of the messages, so only cards pass through here."""
+
+    def __init__(self, upstream: str) -> None:
+        self.held, self.release, self.cards = threading.Event(), threading.Event(), 0
+        front = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                front.cards += 1
+                if front.cards == 1:
+                    front.held.set()
+                    front.release.wait(timeout=60)
+                answer = httpx.get(upstream + self.path, headers={"Authorization": self.headers["Authorization"]})
+                self.send_response(answer.status_code)
+                self.send_header("Content-Type", answer.headers["content-type"])
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_step_slower_than_its_lease_stays_with_its_live_worker(
+    start_caller: Callable[..., Caller], fake_llm: FakeLLM, cast: Cast, web_server: WebServer, settings: LazySettings
+) -> None:
+    settings.AGORA_RERING_S = 0  # the reconciler below rings at once a step it finds due
+    front = HeldCard(web_server.url)
+    try:
+        fake_llm.script(
+            "caller",
+            say("", tool_call("ask_remote_agent", {"agent": "far", "message": {"n": 3}}, "c1")),
+            say("", tool_call("finish", {"result": "done"}, "c2")),
+        )
+        caller = start_caller(far=cast.agent_url(front.url, "responder"))
+        assert front.held.wait(timeout=90), "the first step's exchange never asked for the card"
+        call = RemoteCall.objects.get(caller=caller.agent)
+        claimed = call.lease_until
+        assert claimed is not None
+
+        def kept_past_its_first_lease() -> bool:
+            reconcile()  # what beat does every few seconds: ring again a step whose lease lapsed
+            held = RemoteCall.objects.get(pk=call.pk)
+            now = timezone.now()
+            return now > claimed + timedelta(seconds=1) and held.lease_until is not None and held.lease_until > now
+
+        wait_until(kept_past_its_first_lease, timeout=3 * LEASE_S, interval=0.3, what="the lease to be renewed")
+        assert front.cards == 1  # no second worker took the step and asked for the card again
+        assert RemoteCall.objects.get(pk=call.pk).step == call.step
+        front.release.set()
+        run = wait_until(lambda: finished(caller.agent), timeout=60, what="the caller to finish")
+    finally:
+        front.stop()
+
+    assert run.status == Run.Status.COMPLETED and run.result == "done"
+    (_, last) = fake_llm.calls_for("caller")
+    assert tool_result(last, "c1")["reply"]["echo"]["parts"] == [{"data": {"n": 3.0}}]
+    assert AgentRequest.objects.filter(recipient=cast.responder).count() == 1  # sent once
+    assert [e.data["status"] for e in events(caller.saga, "remote_reply")] == ["completed"]
