@@ -180,6 +180,21 @@ def test_a_removed_agent_or_a_passed_deadline_ends_an_open_call_once(team: Team,
     assert revoked.attempts == late.attempts == 0  # nothing was sent
 
 
+def test_a_steps_lease_is_renewed_only_while_its_worker_holds_that_step(team: Team, alice: User) -> None:
+    actions.allow_remote_agent(saga=team.saga, name="translator", url=URL, by=alice)
+    call, _ = actions.call_remote_agent(caller=team["coder"], agent="translator", message="one")
+    claimed = actions.claim_remote_step(call_id=call.pk, step=0, lease_s=1)
+    assert claimed is not None and claimed.lease_until is not None
+
+    assert actions.renew_remote_step(call_id=call.pk, step=claimed.step, lease_s=60)
+    renewed = RemoteCall.objects.get(pk=call.pk).lease_until
+    assert renewed is not None and (renewed - claimed.lease_until).total_seconds() > 50
+    assert not actions.renew_remote_step(call_id=call.pk, step=claimed.step - 1, lease_s=60)  # a stale step
+    actions.schedule_remote_step(call=claimed, delay_s=1, failures=0, attempts=1)  # the step ended: no lease
+    assert not actions.renew_remote_step(call_id=call.pk, step=claimed.step, lease_s=60)
+    assert RemoteCall.objects.get(pk=call.pk).lease_until is None
+
+
 def test_the_admin_shows_endpoints_and_calls_read_only(team: Team, alice: User, admin_client: Client) -> None:
     remote = actions.allow_remote_agent(saga=team.saga, name="translator", url=URL, by=alice)
     call, _ = actions.call_remote_agent(caller=team["coder"], agent="translator", message={"text": "bonjour"})
