@@ -29,10 +29,11 @@ from config.sql import (
 )
 from journal.actions import ALWAYS, Condition, record
 from sagas import errors
+from sagas.actions.human_forms import cancel_forms
 from sagas.actions.locking import holding, lock_open_saga, lock_saga
 from sagas.actions.requests import Status, close_request, settle
 from sagas.actions.steering import read_ahead, unread_ahead
-from sagas.models import AgentRequest, Collaborator, Delegation, RemoteCall, Run, Saga, SteeringItem
+from sagas.models import AgentRequest, Collaborator, Delegation, HumanRequest, RemoteCall, Run, Saga, SteeringItem
 from sagas.wakeups import ring_run, ring_run_after_commit
 
 
@@ -71,6 +72,22 @@ def finish_run(
         run_id=run.pk,
         data=data,
     )
+    return True
+
+
+def end_run(run: Run, *, status: str, reason: str, actor: str) -> bool:
+    """finish_run() for a run ended from outside it (a teammate shut down, a prompt cancelled), in
+    the caller's transaction under the saga lock; then what its agent was still waiting for: the
+    requests it sent are cancelled, the forms it asked withdrawn."""
+    if not finish_run(run=run, status=status, error=reason, actor=actor):
+        return False
+    agent = run.collaborator
+    for request in AgentRequest.objects.filter(sender=agent, status__in=AgentRequest.OPEN).select_related(
+        "sender", "recipient"
+    ):
+        if settle(request, Status.CANCELLED):
+            close_request(request, actor=agent.handle, notify_recipient=True)
+    cancel_forms(HumanRequest.objects.filter(asker=agent), actor=actor)
     return True
 
 

@@ -17,13 +17,11 @@ from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id, add_agent, find_collaborator
-from sagas.actions.human_forms import cancel_forms
 from sagas.actions.locking import lock_open_saga, lock_saga
 from sagas.actions.payloads import body_hash, check_payload, first_for_key
-from sagas.actions.requests import Status, close_request, settle
-from sagas.actions.runs import finish_run
+from sagas.actions.runs import end_run
 from sagas.actions.steering import check_backlog, push_steering
-from sagas.models import AgentRequest, Broadcast, Collaborator, HumanRequest, Run, Saga, SteeringItem, Team
+from sagas.models import AgentRequest, Broadcast, Collaborator, Run, Saga, SteeringItem, Team
 
 
 def tokens_used(run_ids: list[str]) -> dict[str, int]:
@@ -225,18 +223,10 @@ def shutdown_teammate(*, teammate: Collaborator, reason: str, by: User) -> Run:
 
 
 def end_teammate(run: Run, *, reason: str, actor: str) -> bool:
-    """In the caller's transaction, under the saga lock: finish_run() with `shutdown`, then cancel
-    what the teammate itself was still waiting for."""
-    if not finish_run(run=run, status=Run.Status.SHUTDOWN, error=reason, actor=actor):
+    """In the caller's transaction, under the saga lock: end_run() with `shutdown`, for good."""
+    if not end_run(run, status=Run.Status.SHUTDOWN, reason=reason, actor=actor):
         return False
     Run.objects.filter(pk=run.pk).update(resumable=False)
-    mate = run.collaborator
-    for request in AgentRequest.objects.filter(sender=mate, status__in=AgentRequest.OPEN).select_related(
-        "sender", "recipient"
-    ):
-        if settle(request, Status.CANCELLED):
-            close_request(request, actor=mate.handle, notify_recipient=True)
-    cancel_forms(HumanRequest.objects.filter(asker=mate), actor=actor)
     return True
 
 
