@@ -1,6 +1,7 @@
-"""`POST` and `GET /api/v1/sagas/{id}/prompts/`, `GET /api/v1/prompts/{prompt_id}/`: one view per operation,
-with the kernel's problem+json error codes. Lookups are scoped to the caller: to an outsider a
-saga or prompt that exists looks exactly like one that does not (404 `not_found`)."""
+"""`POST` and `GET /api/v1/sagas/{id}/prompts/`, `GET /api/v1/prompts/{prompt_id}/`, `POST
+/api/v1/prompts/{prompt_id}/cancel/`: one view per operation, with the kernel's problem+json error
+codes. Lookups are scoped to the caller: to an outsider a saga or prompt that exists looks exactly
+like one that does not (404 `not_found`)."""
 
 from typing import Any
 from uuid import UUID
@@ -13,6 +14,7 @@ from rest_framework.views import APIView
 
 from accounts.models import User
 from agents.orchestrator.actions import MAX_IMAGE_URL, MAX_IMAGES, check_may_prompt, submit_prompt
+from agents.orchestrator.cancel import cancel_prompt
 from agents.orchestrator.models import Prompt
 from config.openapi import IDEMPOTENCY_KEY, Shape, problems
 from config.params import idempotency_key
@@ -149,4 +151,16 @@ class PromptDetailApi(APIView):
         prompt = Prompt.objects.select_related("brain").filter(pk=prompt_id, saga__in=visible).first()
         if prompt is None:
             raise errors.NotFound(f"No prompt {prompt_id}.")
+        return Response(PromptOutput(prompt.as_dict()).data)
+
+
+class PromptCancelApi(APIView):
+    @extend_schema(
+        operation_id="prompts_cancel", request=None, responses={200: PromptOutput, **problems(401, 403, 404, 409)}
+    )
+    def post(self, request: Request, prompt_id: UUID) -> Response:
+        """Cancel a running prompt (managers of its saga): it fails with the reason "Cancelled by …",
+        and the workers, primary or reviewer still at work are cancelled. A prompt that has ended
+        is `invalid_state` (409), so a retry after a lost answer learns it is done."""
+        prompt = cancel_prompt(prompt_id=prompt_id, by=principal(request))
         return Response(PromptOutput(prompt.as_dict()).data)

@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET, require_POST
 from accounts.models import User
 from agents.hooks.lifecycle import FEEDBACK_HEADING
 from agents.hooks.models import HookResult
-from agents.orchestrator import actions, reads
+from agents.orchestrator import actions, cancel, reads
 from agents.orchestrator.models import Brain, Prompt
 from config.params import FORM_SENT, form_key
 from sagas import errors
@@ -43,6 +43,7 @@ def prompts_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
         "older": older[:OLDER_LISTED],
         "older_more": len(older) > OLDER_LISTED,
         "can_prompt": may_manage(request.user, saga) and not saga.is_finished,
+        "can_cancel": may_manage(request.user, saga),
         "brains": list(Brain.objects.values_list("name", flat=True)),
     }
 
@@ -71,7 +72,8 @@ def prompt_page(request: HttpRequest, saga_id: UUID, prompt_id: UUID) -> HttpRes
     saga = get_object_or_404(Saga.objects.visible_to(request.user), pk=saga_id)
     prompt = get_object_or_404(Prompt.objects.select_related("brain"), pk=prompt_id, saga=saga)
     (view,) = plan_views(saga, [prompt])
-    return render(request, "agents/prompt.html", {"saga": saga, "view": view})
+    context = {"saga": saga, "view": view, "can_cancel": may_manage(request.user, saga)}
+    return render(request, "agents/prompt.html", context)
 
 
 def hook_outcomes(saga: Saga, prompts: list[Prompt]) -> dict[str, list[dict[str, Any]]]:
@@ -174,4 +176,24 @@ def submit_prompt(request: HttpRequest, saga_id: UUID) -> HttpResponse:
         messages.error(request, f"Prompt not submitted: {exc.detail}")
     else:
         messages.success(request, "Prompt submitted: the Brain is planning it.")
+    return redirect(reverse("sagas:detail", args=[saga.pk]) + "#prompts")
+
+
+@login_required
+@require_POST
+def cancel_prompt(request: HttpRequest, saga_id: UUID, prompt_id: UUID) -> HttpResponse:
+    """A plan view's Cancel button (managers, while the prompt runs): back to the page it was on."""
+    saga = get_object_or_404(Saga.objects.visible_to(request.user), pk=saga_id)
+    prompt = get_object_or_404(Prompt, pk=prompt_id, saga=saga)
+    assert isinstance(request.user, User)
+    try:
+        cancel.cancel_prompt(prompt_id=prompt.pk, by=request.user)
+    except errors.Forbidden:
+        return HttpResponse("Only managers of the saga cancel prompts.", status=403)
+    except errors.KernelError as exc:
+        messages.error(request, f"Prompt not cancelled: {exc.detail}")
+    else:
+        messages.success(request, "Prompt cancelled, with the work it had started.")
+    if request.POST.get("back") == "page":
+        return redirect("prompt-page", saga.pk, prompt.pk)
     return redirect(reverse("sagas:detail", args=[saga.pk]) + "#prompts")

@@ -77,11 +77,12 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
             )
         )
         # A saga the fuzzer finished (sagas_finish, with the other status next: 409) refuses new
-        # work with saga_finished (409), whatever the body.
+        # work with saga_finished (409), whatever the body; a prompt it cancelled, a second cancel
+        # (invalid_state, 409).
         + "".join(
             f'\n[[operations]]\ninclude-operation-id = "{operation}"\n'
             'checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409"]\n'
-            for operation in ("sagas_finish", "collaborators_steer", "teams_spawn", "teams_broadcast")
+            for operation in ("sagas_finish", "collaborators_steer", "teams_spawn", "teams_broadcast", "prompts_cancel")
         )
         # A steering cursor is checked against the agent's own items: one past its newest (any
         # integer the schema allows may be) is invalid_payload (400).
