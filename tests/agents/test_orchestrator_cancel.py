@@ -1,9 +1,11 @@
-"""Cancelling a running prompt, advanced in this process (no worker runs it): only managers of its
-saga may, over REST and from its plan view; the prompt fails with the reason, every run it started
-that is still at work is cancelled with it, and a worker whose model call was in flight loses its
-turn: its answer is dropped and no step follows."""
+"""Cancelling a running prompt: only managers of its saga may, over REST and from its plan view; the
+prompt fails with the reason, every run it started that is still at work is cancelled with it, and
+a worker whose model call was in flight loses its turn: its answer is dropped and no step follows.
+Advanced in this process (no worker runs it), then through a real worker mid-call."""
 
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.conf import LazySettings
@@ -19,6 +21,8 @@ from journal.models import JournalEvent
 from sagas import actions
 from sagas.models import Collaborator, Saga
 from tests.agents.fake_llm import FakeLLM, say, tool_call
+from tests.agents.orchestration_support import submit
+from tests.support import CeleryWorker, wait_until
 
 pytestmark = pytest.mark.usefixtures("fake_brain")
 
@@ -134,3 +138,31 @@ def test_the_schema_describes_the_cancel(alice: User, client_for: Callable[[User
     operation = document["paths"]["/api/v1/prompts/{prompt_id}/cancel/"]["post"]
     assert operation["operationId"] == "prompts_cancel"
     assert {"200", "401", "403", "404", "409"} <= set(operation["responses"])
+
+
+def test_a_worker_cancelled_during_its_model_call_does_nothing_more(
+    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User, client_for: Callable[[User], APIClient]
+) -> None:
+    calling, answer = threading.Event(), threading.Event()
+
+    def tester(body: dict[str, Any]) -> dict[str, Any]:
+        calling.set()
+        answer.wait(timeout=60)
+        return say("", tool_call("finish", {"result": "Tested."}))
+
+    fake_llm.rule("tester-m", tester)
+    client = client_for(alice)
+    prompt_id = submit(client, saga, prompt="Test it.", brain="fake", team=["tester"])["prompt_id"]
+    assert calling.wait(timeout=60), "the tester's model call never came"
+
+    assert client.post(f"/api/v1/prompts/{prompt_id}/cancel/").status_code == 200
+    answer.set()
+    wait_until(lambda: "is another worker's; stopping" in worker.log(), what="the tester's turn to find itself ended")
+
+    prompt = Prompt.objects.get(pk=prompt_id)
+    assert (prompt.status, prompt.reason, prompt.final_answer, prompt.results) == (
+        "failed", "Cancelled by human:alice.", "", []
+    )  # fmt: skip
+    assert statuses(saga, prompt) == {"lead": "failed", "tester": "cancelled"}
+    assert len(fake_llm.calls_for("tester-m")) == 1
+    assert not JournalEvent.objects.filter(saga=saga, type__in=["llm_call", "worker_end", "prompt.completed"]).exists()
