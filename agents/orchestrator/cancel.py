@@ -1,23 +1,25 @@
-"""Cancelling a running prompt: a manager of its saga ends it, and the work it started with it."""
+"""Cancelling a running prompt: a manager of its saga ends it, and the work it started with it.
+Its own module: it moves the prompt as a step does (`steps`), which the submission's actions feed."""
 
-from typing import Any
+from uuid import UUID
 
 from accounts.models import User
 from agents.orchestrator import steps
 from agents.orchestrator.models import Prompt
 from sagas import actions, errors
-from sagas.access import may_manage
-from sagas.models import Delegation, Run, Saga
+from sagas.access import SagaTree, may_manage
+from sagas.models import Run, Saga
 
 
-def cancel_prompt(*, prompt_id: Any, by: User) -> Prompt:
+def cancel_prompt(*, prompt_id: UUID, by: User) -> Prompt:
     """End a running prompt in one saga transaction: it fails with the reason `Cancelled by …`
     (journaled `prompt.failed`), and every run it started that is still at work (its support
-    workers, the primary, the reviewer, and whom they delegated) is cancelled, with what each was
-    waiting for. A worker whose model call is in flight loses its turn at its next write: its
-    answer is dropped, and no step comes after (each finds the prompt done). A prompt that has
-    ended is refused (`invalid_state`, naming its status); one the caller may not see is
-    `not_found`, and only managers of the saga cancel (`forbidden`)."""
+    workers, the primary, the reviewer, and whom they delegated) is cancelled, with the requests
+    each sent and the forms each asked (actions.end_run()). A worker whose model call is in flight
+    loses its turn at its next write: its answer is dropped, and no step comes after (each finds
+    the prompt done). A prompt that has ended is refused (`invalid_state`, naming its status); one
+    the caller may not see is `not_found`, and only managers of the saga cancel (`forbidden`).
+    Returns the prompt as committed."""
     visible = Saga.objects.visible_to(by)
     prompt = Prompt.objects.select_related("saga", "brain", "lead__run").filter(pk=prompt_id, saga__in=visible).first()
     if prompt is None:
@@ -29,21 +31,21 @@ def cancel_prompt(*, prompt_id: Any, by: User) -> Prompt:
         step, status = Prompt.objects.filter(pk=prompt.pk).values_list("step", "status").get()
         if step == Prompt.Step.DONE:
             raise errors.InvalidState(f"The prompt has ended: it is {status}.")
-        actor = f"{by.kind}:{by.username}"
+        actor = actions.actor_id(prompt.saga, by)
         reason = f"Cancelled by {actor}."
-        steps.move(prompt, step, Prompt.Step.DONE, status=Prompt.Status.FAILED, reason=reason)
+        if not steps.move(prompt, step, Prompt.Step.DONE, status=Prompt.Status.FAILED, reason=reason):
+            raise errors.InvalidState("The prompt moved on meanwhile; read it again.")
         for run in at_work_under(prompt):
-            actions.end_run(run, status=Run.Status.CANCELLED, reason=reason, actor=actor)
+            actions.end_run(run=run, status=Run.Status.CANCELLED, reason=reason, actor=actor)
         steps.conclude(prompt, Prompt.Status.FAILED, reason=reason)
+    prompt.refresh_from_db()
     return prompt
 
 
 def at_work_under(prompt: Prompt) -> list[Run]:
     """The runs still at work among the lead's delegates and theirs, oldest first."""
-    found: list[int] = []
-    frontier = [prompt.lead_id] if prompt.lead_id else []
-    while frontier:
-        frontier = list(Delegation.objects.filter(delegator_id__in=frontier).values_list("delegate_id", flat=True))
-        found += frontier
-    at_work = Run.objects.filter(collaborator_id__in=found).exclude(status__in=Run.FINISHED)
+    if prompt.lead_id is None:
+        return []
+    under = SagaTree.shape(prompt.saga).descendants(prompt.lead_id)
+    at_work = Run.objects.filter(collaborator_id__in=under).exclude(status__in=Run.FINISHED)
     return list(at_work.select_related("collaborator").order_by("created_at", "pk"))

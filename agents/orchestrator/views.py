@@ -38,12 +38,13 @@ def prompts_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
         if len(recent) == PROMPTS_SHOWN
         else []
     )
+    manages = may_manage(request.user, saga)
     return {
         "prompts": plan_views(saga, recent),
         "older": older[:OLDER_LISTED],
         "older_more": len(older) > OLDER_LISTED,
-        "can_prompt": may_manage(request.user, saga) and not saga.is_finished,
-        "can_cancel": may_manage(request.user, saga),
+        "can_prompt": manages and not saga.is_finished,
+        "can_cancel": manages,
         "brains": list(Brain.objects.values_list("name", flat=True)),
     }
 

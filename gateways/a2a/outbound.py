@@ -25,7 +25,7 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import A2AError
 from a2a.utils.push_url_validator import validate_push_notification_url
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, InterfaceError, connection
 from django.utils import timezone
 from google.protobuf.json_format import MessageToDict
 
@@ -128,7 +128,7 @@ def renew(call: RemoteCall) -> None:
     exchange renews a few times, most renew never). A failed one is tried again at the next third."""
     try:
         actions.renew_remote_step(call_id=call.pk, step=call.step, lease_s=settings.AGORA_LEASE_S)
-    except DatabaseError:
+    except (DatabaseError, InterfaceError):  # the database is away: the next third tries again
         logger.exception("remote call %s: its step's lease renewal failed", call.pk)
     finally:
         connection.close()

@@ -2,7 +2,7 @@
 it in the same transaction, and rings doorbells only after commit. Callers import from here."""
 
 from sagas.actions.artifacts import add_artifact
-from sagas.actions.collaborators import NewAgent, add_agent, add_agents, add_human, find_collaborator
+from sagas.actions.collaborators import NewAgent, actor_id, add_agent, add_agents, add_human, find_collaborator
 from sagas.actions.exposure import set_exposed
 from sagas.actions.followups import follow_up_request
 from sagas.actions.human_forms import answer_human_request, ask_human, visible_human_request
@@ -85,6 +85,7 @@ __all__ = [
     "Claimed",
     "NewAgent",
     "acknowledge_steering",
+    "actor_id",
     "add_agent",
     "add_agents",
     "add_artifact",

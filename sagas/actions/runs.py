@@ -75,7 +75,7 @@ def finish_run(
     return True
 
 
-def end_run(run: Run, *, status: str, reason: str, actor: str) -> bool:
+def end_run(*, run: Run, status: str, reason: str, actor: str) -> bool:
     """finish_run() for a run ended from outside it (a teammate shut down, a prompt cancelled), in
     the caller's transaction under the saga lock; then what its agent was still waiting for: the
     requests it sent are cancelled, the forms it asked withdrawn."""

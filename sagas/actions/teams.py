@@ -224,7 +224,7 @@ def shutdown_teammate(*, teammate: Collaborator, reason: str, by: User) -> Run:
 
 def end_teammate(run: Run, *, reason: str, actor: str) -> bool:
     """In the caller's transaction, under the saga lock: end_run() with `shutdown`, for good."""
-    if not end_run(run, status=Run.Status.SHUTDOWN, reason=reason, actor=actor):
+    if not end_run(run=run, status=Run.Status.SHUTDOWN, reason=reason, actor=actor):
         return False
     Run.objects.filter(pk=run.pk).update(resumable=False)
     return True
