@@ -71,6 +71,11 @@ def follow(call_id: str, step: int) -> None:
     if remote is None or remote.url != call.url:
         fail(call, "remote_not_allowed", f"{call.agent_name} is no longer allowed in this saga.")
         return
+    if call.caller.run.is_finished:  # shut down, its prompt cancelled, its saga ended: no one waits
+        if call.task_id:
+            cancel_quietly(call, remote.token_env)
+        fail(call, "caller_ended", f"{call.caller.handle} ended before {call.agent_name} answered.")
+        return
     if timezone.now() >= call.deadline:
         if call.task_id:
             cancel_quietly(call, remote.token_env)

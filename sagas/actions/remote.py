@@ -244,7 +244,8 @@ def time_out_remote_call(call: RemoteCall) -> None:
 
 def claim_remote_step(*, call_id: str, step: int, lease_s: float) -> RemoteCall | None:
     """Compare-and-set: this doorbell's step of an open call, unless another holds a live lease
-    or a later step was already claimed (a duplicated doorbell). Returns the call, with its endpoint."""
+    or a later step was already claimed (a duplicated doorbell). Returns the call, with its endpoint
+    and its caller's run."""
     now = timezone.now()
     claimed = (
         RemoteCall.objects.filter(pk=call_id, step=step, status__in=RemoteCall.OPEN)
@@ -253,7 +254,7 @@ def claim_remote_step(*, call_id: str, step: int, lease_s: float) -> RemoteCall 
     )
     if not claimed:
         return None
-    return RemoteCall.objects.select_related("remote_agent").get(pk=call_id)
+    return RemoteCall.objects.select_related("remote_agent", "caller__run").get(pk=call_id)
 
 
 def renew_remote_step(*, call_id: str, step: int, lease_s: float) -> bool:

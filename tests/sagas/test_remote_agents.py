@@ -180,6 +180,23 @@ def test_a_removed_agent_or_a_passed_deadline_ends_an_open_call_once(team: Team,
     assert revoked.attempts == late.attempts == 0  # nothing was sent
 
 
+def test_a_call_whose_caller_ended_ends_at_its_next_step(team: Team, alice: User) -> None:
+    actions.allow_remote_agent(saga=team.saga, name="translator", url=URL, by=alice)
+    coder = team["coder"]
+    call, _ = actions.call_remote_agent(caller=coder, agent="translator", message="one")
+    with actions.saga_transaction(team.saga):  # as a shutdown, a cancelled prompt or the saga's end do
+        actions.end_run(run=team.run("coder"), status="cancelled", reason="Cancelled.", actor="human:alice")
+
+    outbound.follow(call.pk, 0)
+
+    call.refresh_from_db()
+    assert (call.status, call.error) == ("failed", {"code": "caller_ended", "message": ANY})
+    assert call.attempts == 0  # nothing was sent
+    assert [e.data["error"]["code"] for e in JournalEvent.objects.filter(saga=team.saga, type="remote_reply")] == [
+        "caller_ended"
+    ]
+
+
 def test_a_steps_lease_is_renewed_only_while_its_worker_holds_that_step(team: Team, alice: User) -> None:
     actions.allow_remote_agent(saga=team.saga, name="translator", url=URL, by=alice)
     call, _ = actions.call_remote_agent(caller=team["coder"], agent="translator", message="one")
