@@ -36,12 +36,7 @@ def expand_references(*, text: str, saga: Saga, user: Any) -> Expansion:
     saga_ids = unique(SAGA_REF.findall(text))
     names = unique(ARTIFACT_REF.findall(text))
     prior = [visible_saga(raw, user) for raw in saga_ids]
-    artifacts = {a.name: a for a in Artifact.objects.filter(saga=saga, name__in=names)}
-    if unknown := [n for n in names if n not in artifacts]:
-        raise errors.InvalidPayload(
-            f"Unknown artifacts in this saga: {', '.join(unknown)}.",
-            errors={"artifacts": [f"No artifact {n} in this saga." for n in unknown]},
-        )
+    artifacts = referenced(saga, names)
     sections = [artifact_section(artifacts[n]) for n in names] + [saga_section(s, user) for s in prior]
     expanded = "\n\n".join([text, *sections]) if sections else text
     return Expansion(text=expanded, images=[n for n in names if artifacts[n].is_image])
@@ -54,13 +49,21 @@ def check_references(*, text: str, saga: Saga, user: Any) -> list[str]:
     for raw in unique(SAGA_REF.findall(text)):
         visible_saga(raw, user)
     names = unique(ARTIFACT_REF.findall(text))
-    kinds = dict(Artifact.objects.filter(saga=saga, name__in=names).values_list("name", "content_type"))
-    if unknown := [n for n in names if n not in kinds]:
+    artifacts = referenced(saga, names, only=("name", "content_type"))
+    return [n for n in names if artifacts[n].is_image]
+
+
+def referenced(saga: Saga, names: list[str], *, only: tuple[str, ...] = ()) -> dict[str, Artifact]:
+    """The saga's artifacts a prompt references, by name (`only` those fields); `invalid_payload`
+    naming every one the saga does not have."""
+    found = Artifact.objects.filter(saga=saga, name__in=names)
+    artifacts = {a.name: a for a in (found.only(*only) if only else found)}
+    if unknown := [n for n in names if n not in artifacts]:
         raise errors.InvalidPayload(
             f"Unknown artifacts in this saga: {', '.join(unknown)}.",
             errors={"artifacts": [f"No artifact {n} in this saga." for n in unknown]},
         )
-    return [n for n in names if kinds[n].startswith("image/")]
+    return artifacts
 
 
 def artifact_refs(*, saga: Saga, names: list[str]) -> list[dict[str, Any]]:
