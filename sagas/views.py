@@ -331,7 +331,7 @@ def add_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
         return render_saga(
             request, saga, forms={"agent": {"values": values, "errors": {"parent": [exc.detail]}}}, status=400
         )
-    except (errors.InvalidPayload, errors.SagaFinished) as exc:
+    except errors.KernelError as exc:  # a bad field, a cap reached, a finished saga
         return render_saga(request, saga, forms={"agent": {"values": values, "errors": form_errors(exc)}}, status=400)
     if token is None:
         messages.success(request, f"{collaborator.handle} joined; its first turn is queued.")

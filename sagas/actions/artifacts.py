@@ -14,6 +14,7 @@ from sagas.actions.locking import saga_transaction
 from sagas.models import ARTIFACT_NAME, Artifact, Saga
 
 CONTENT_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*")
+CONTENT_TYPE_MAX = Artifact._meta.get_field("content_type").max_length or 0
 
 
 def check_artifact(*, name: str, content: bytes, content_type: str) -> str:
@@ -32,6 +33,10 @@ def check_artifact(*, name: str, content: bytes, content_type: str) -> str:
     kind = (content_type or "application/octet-stream").split(";", 1)[0].strip().lower()
     if not CONTENT_TYPE.fullmatch(kind):
         raise errors.InvalidPayload(f"Not a content type: {content_type!r}.", errors={"content_type": ["type/subtype"]})
+    if len(kind) > CONTENT_TYPE_MAX:
+        raise errors.InvalidPayload(
+            "The content type is too long.", errors={"content_type": [f"At most {CONTENT_TYPE_MAX} characters."]}
+        )
     probe = Artifact(content_type=kind)
     if probe.is_text:
         try:

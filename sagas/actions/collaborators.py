@@ -26,6 +26,7 @@ from sagas.wakeups import ring_run_after_commit
 NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]{0,63}"
 NAME_RE = re.compile(NAME_PATTERN)  # whole names only: fullmatch (`$` admits a final newline)
 ROLE_MAX = Collaborator._meta.get_field("role").max_length or 0
+PROFILE_MAX = Collaborator._meta.get_field("profile").max_length or 0
 Grant = tuple[int, str, type[Model], Any]  # guardian's object permission: user id, codename, model, object id
 
 
@@ -177,10 +178,13 @@ def check_new_agents(agents: list[NewAgent]) -> None:
                 "Bad agent name.", errors={"name": ["Lowercase letters, digits, '.', '_' and '-'."]}
             )
         check_goal(agent.task, field="task")
-        if not isinstance(agent.role, str) or len(agent.role) > ROLE_MAX:
-            raise errors.InvalidPayload("Bad role.", errors={"role": [f"Text of at most {ROLE_MAX} characters."]})
+        check_role(agent.role)
         if agent.runtime not in (Collaborator.Runtime.INTERNAL, Collaborator.Runtime.EXTERNAL):
             raise errors.InvalidPayload("Bad runtime.", errors={"runtime": ["internal or external."]})
+        if not isinstance(agent.profile, str) or len(agent.profile) > PROFILE_MAX:
+            raise errors.InvalidPayload(
+                "Bad profile.", errors={"profile": [f"A profile's name, at most {PROFILE_MAX} characters."]}
+            )
         if agent.runtime == Collaborator.Runtime.INTERNAL and not agent.profile:
             raise errors.InvalidPayload("An internal agent needs a profile.", errors={"profile": ["Required."]})
     profiles = [agent.profile for agent in agents if agent.runtime == Collaborator.Runtime.INTERNAL]
@@ -190,6 +194,11 @@ def check_new_agents(agents: list[NewAgent]) -> None:
         raise errors.InvalidPayload(
             f"No agent profile {name}.", errors={"profile": [f"No profile {name}; `load_profiles` adds profiles."]}
         )
+
+
+def check_role(role: Any) -> None:
+    if not isinstance(role, str) or len(role) > ROLE_MAX:
+        raise errors.InvalidPayload("Bad role.", errors={"role": [f"Text of at most {ROLE_MAX} characters."]})
 
 
 def resolve_parent(tree: SagaTree[Member], parent: str | None, *, by: User, acting: Member | None) -> Member:
@@ -216,6 +225,7 @@ def add_human(*, saga: Saga, user: User, role: str, task: str, by: User) -> Coll
     if not may_manage(by, saga):
         raise errors.Forbidden("Only managers of the saga add collaborators.")
     check_goal(task, field="task")
+    check_role(role)
     if user.is_agent:
         raise errors.InvalidPayload("That user is an agent.", errors={"username": ["Not a person."]})
     if Collaborator.objects.filter(saga=saga, user=user).exists():

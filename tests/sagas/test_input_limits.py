@@ -6,12 +6,13 @@ from typing import Any
 
 import pytest
 from django.conf import LazySettings
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from accounts.models import User
 from sagas import errors
-from sagas.actions import add_agent, add_human, ask_agent, ask_human, create_saga
-from sagas.models import AgentRequest, Collaborator, HumanRequest, Saga
+from sagas.actions import add_agent, add_artifact, add_human, ask_agent, ask_human, create_saga
+from sagas.models import AgentRequest, Artifact, Collaborator, HumanRequest, Saga
 from tests.sagas.api_http import client_for, problem
 from tests.sagas.kernel import Team, field_errors
 
@@ -60,6 +61,55 @@ def test_a_task_past_the_limit_is_refused(team: Team, alice: User, mallory: User
     with pytest.raises(errors.InvalidPayload):
         add_human(saga=team.saga, user=mallory, role="r", task="t" * 101, by=alice)
     assert not Collaborator.objects.filter(saga=team.saga, name__in=["big", "mallory"]).exists()
+
+
+# --- the saga page's forms: every field within its column, as the API's serializers have it ----
+
+
+def signed_in(user: User) -> Client:
+    browser = Client()
+    browser.force_login(user)
+    return browser
+
+
+def test_a_role_past_its_column_is_refused_and_the_form_says_so(team: Team, alice: User, mallory: User) -> None:
+    with pytest.raises(errors.InvalidPayload) as refused:
+        add_human(saga=team.saga, user=mallory, role="r" * 121, task="t", by=alice)
+    assert "role" in field_errors(refused)
+    page, role = signed_in(alice), "r" * 121
+    person = page.post(f"/sagas/{team.saga.pk}/people/", {"username": "mallory", "role": role})
+    agent = page.post(f"/sagas/{team.saga.pk}/agents/", {"name": "scribe", "role": role, "runtime": "external"})
+    for response in (person, agent):
+        assert response.status_code == 400
+        assert "Text of at most 120 characters." in response.content.decode()
+    assert not Collaborator.objects.filter(saga=team.saga, name__in=["mallory", "scribe"]).exists()
+    assert add_human(saga=team.saga, user=mallory, role="r" * 120, task="t", by=alice).role == "r" * 120
+
+
+def test_an_external_agents_profile_past_its_column_is_refused(team: Team, alice: User) -> None:
+    form = {"name": "scribe", "runtime": "external", "profile": "p" * 65}
+    response = signed_in(alice).post(f"/sagas/{team.saga.pk}/agents/", form)
+    assert response.status_code == 400
+    assert "at most 64 characters" in response.content.decode()
+    assert not Collaborator.objects.filter(saga=team.saga, name="scribe").exists()
+
+
+def test_an_upload_whose_content_type_is_past_its_column_is_refused(team: Team, alice: User) -> None:
+    kind = "application/" + "x" * 120
+    upload = SimpleUploadedFile("a.bin", b"hello", content_type=kind)
+    assert signed_in(alice).post(f"/sagas/{team.saga.pk}/artifacts/", {"file": upload}).status_code == 400
+    with pytest.raises(errors.InvalidPayload) as refused:
+        add_artifact(saga=team.saga, name="a.bin", content=b"hello", content_type=kind, by=alice)
+    assert "content_type" in field_errors(refused)
+    assert not Artifact.objects.exists()
+
+
+def test_an_agent_past_the_sagas_cap_is_refused_on_the_page(team: Team, alice: User, settings: LazySettings) -> None:
+    settings.AGORA_MAX_AGENTS_PER_SAGA = Collaborator.objects.filter(saga=team.saga, kind="agent").count()
+    response = signed_in(alice).post(f"/sagas/{team.saga.pk}/agents/", {"name": "scribe", "runtime": "external"})
+    assert response.status_code == 400
+    assert f"This saga already has {settings.AGORA_MAX_AGENTS_PER_SAGA} agents." in response.content.decode()
+    assert not Collaborator.objects.filter(saga=team.saga, name="scribe").exists()
 
 
 # --- forms ---------------------------------------------------------------------------------------
