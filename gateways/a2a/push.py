@@ -8,6 +8,7 @@ while the task is open, never once the final state is delivered.
 
 import uuid
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
@@ -32,6 +33,10 @@ def as_proto(config: PushConfig) -> pb.TaskPushNotificationConfig:
 
 def check(config: pb.TaskPushNotificationConfig) -> None:
     """A webhook's config as its row holds it; checked before its task is created (SendMessage)."""
+    try:
+        (urlsplit(config.url).hostname or "").encode("idna")  # a label no resolver takes: UnicodeError
+    except ValueError:
+        raise InvalidParamsError(message="A push notification url is an http(s) URL.") from None
     if not config.url.startswith(("http://", "https://")):
         raise InvalidParamsError(message="A push notification url is an http(s) URL.")
     for field, value in (("config_id", config.id), ("url", config.url), ("token", config.token),

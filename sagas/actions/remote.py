@@ -50,6 +50,7 @@ def check_remote_url(url: Any) -> str:
     try:
         URLValidator(schemes=["http", "https"])(url)
         parts = urlsplit(url)
+        (parts.hostname or "").encode("idna")  # a label no resolver takes (UnicodeError, a ValueError)
     except (ValidationError, ValueError):
         raise bad("An http(s) URL.") from None
     if parts.username or parts.password:

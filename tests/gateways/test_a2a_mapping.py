@@ -5,7 +5,7 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import ContentTypeNotSupportedError, InvalidParamsError
 from django.utils import timezone
 
-from gateways.a2a import mapping
+from gateways.a2a import mapping, push
 from sagas.models import AgentRequest
 
 Status = AgentRequest.Status
@@ -54,3 +54,12 @@ def test_only_text_and_data_parts_are_accepted() -> None:
         mapping.payload_of(pb.Message(message_id="m"), context_id="c")
     with pytest.raises(InvalidParamsError):
         mapping.payload_of(pb.Message(parts=[pb.Part(text="x")]), context_id="c")
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://hooks.example.com/", "http://" + "ü" * 60 + ".com/hook", "http://\u00ad.example.com/hook"]
+)
+def test_a_webhook_url_no_request_could_reach_is_refused_when_it_is_set(url: str) -> None:
+    with pytest.raises(InvalidParamsError, match="http"):
+        push.check(pb.TaskPushNotificationConfig(url=url))
+    push.check(pb.TaskPushNotificationConfig(url="https://hooks.example.com/hook"))

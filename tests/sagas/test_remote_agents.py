@@ -72,6 +72,9 @@ def test_managers_allow_and_remove_remote_agents_over_rest(team: Team, alice: Us
         ("http://127.0.0.1:8000/a2a/x/", "Not a public address"),
         ("http://10.1.2.3/a2a/x/", "Not a public address"),
         ("http://[::1]:8000/a2a/x/", "Not a public address"),
+        # Hosts the URL validator takes and no resolver does (IDNA refuses them): refused, not a 500.
+        ("http://" + "ü" * 60 + ".com/a2a/", "http(s)"),
+        ("http://\u00ad.example.com/a2a/", "http(s)"),
     ],
 )
 def test_bad_and_private_urls_are_refused_with_nothing_written(
