@@ -2,8 +2,10 @@
 over HTTP. Each model name has a queue of scripted replies; faults (500, 429, a hang past the
 client's timeout, malformed output) are queued the same way."""
 
+import contextlib
 import itertools
 import json
+import socket
 import threading
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -65,6 +67,7 @@ class FakeLLM:
         self.lock = threading.Lock()
         self.release = threading.Event()  # ends every hang
         self.gate = threading.Event()
+        self.connections: set[socket.socket] = set()  # kept alive between calls: closed by stop()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
@@ -89,6 +92,10 @@ class FakeLLM:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()
+        with self.lock:
+            for conn in self.connections:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
 
     def _next(self, body: dict[str, Any]) -> Reply:
         with self.lock:
@@ -106,6 +113,18 @@ class FakeLLM:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a provider's API: the client reuses its connection
+
+            def setup(self) -> None:
+                super().setup()
+                with fake.lock:
+                    fake.connections.add(self.connection)
+
+            def finish(self) -> None:
+                super().finish()
+                with fake.lock:
+                    fake.connections.discard(self.connection)
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
@@ -147,10 +166,13 @@ class FakeLLM:
 
             def send(self, status: int, payload: dict[str, Any] | bytes) -> None:
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the client gave up first (a hang past its timeout)
 
         return Handler
