@@ -106,6 +106,8 @@ def add_agents(
     if taken & set(names) or len(set(names)) < len(names):
         again = next(n for i, n in enumerate(names) if n in taken or n in names[:i])
         raise errors.NameTaken(f"agent:{again} is already in this saga.")
+    for name in names:
+        check_namespace(name, taken, delegator)
     check_delegate_caps(tree, delegator, adding=len(agents))
     keys = keys_read() if keys_read is not None else None
     users = create_agent_users(
@@ -194,6 +196,16 @@ def check_new_agents(agents: list[NewAgent]) -> None:
         raise errors.InvalidPayload(
             f"No agent profile {name}.", errors={"profile": [f"No profile {name}; `load_profiles` adds profiles."]}
         )
+
+
+def check_namespace(name: str, agents: set[str], delegator: Member) -> None:
+    """A name under an agent's (`lead.tester`, once `agent:lead` is in the saga) is that agent's to
+    give: only its own delegates take it, so that names an agent derives for its delegates (an
+    orchestration's workers, `brain-….tester`) cannot be taken first by anyone else."""
+    parts = name.split(".")
+    owner = next((p for i in range(len(parts) - 1, 0, -1) if (p := ".".join(parts[:i])) in agents), None)
+    if owner is not None and not (delegator.is_agent and delegator.name == owner):
+        raise errors.NameTaken(f"agent:{name} is under agent:{owner}'s name: only its own delegates take it.")
 
 
 def check_role(role: Any) -> None:

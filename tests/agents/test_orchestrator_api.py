@@ -87,3 +87,19 @@ def test_a_sagas_prompts_are_listed_newest_first_for_who_may_see_it(
     response = client_for(mallory).get(url)
     assert response.status_code == 404 and response.json()["code"] == "not_found"
     assert APIClient().get(url).status_code == 401
+
+
+def test_no_collaborator_takes_a_workers_name_before_the_orchestration_does(
+    default_brain: None, saga: Saga, alice: User, client_for: Callable[[User], APIClient]
+) -> None:
+    """A worker's name is derived from the prompt's lead, which anyone in the saga reads: an agent
+    (or a manager) adding its own under that name first would fail the step that delegates it."""
+    from sagas import actions
+
+    scout, _ = actions.add_agent(saga=saga, name="scout", role="", task="", runtime="external", by=alice)
+    lead = submit(client_for(alice), saga, prompt="Do it")["lead"].removeprefix("agent:")
+    for who in (scout.user, alice):
+        body = {"kind": "agent", "name": f"{lead}.primary", "runtime": "external"}
+        response = client_for(who).post(f"/api/v1/sagas/{saga.pk}/collaborators/", body, format="json")
+        assert (response.status_code, response.json()["code"]) == (409, "name_taken")
+    assert not Collaborator.objects.filter(saga=saga, name=f"{lead}.primary").exists()

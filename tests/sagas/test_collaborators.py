@@ -101,6 +101,29 @@ def test_an_agent_cannot_add_delegates_under_someone_else(team: Team) -> None:
     assert not Collaborator.objects.filter(name="mole").exists()
 
 
+def test_a_name_under_an_agents_name_is_only_for_its_own_delegates(team: Team, alice: User) -> None:
+    """`tester.fixtures` is agent:tester's to give (as an orchestration's lead names its workers):
+    neither a fellow agent nor a manager takes it first under anyone else; a dotted name under no
+    agent's is anyone's."""
+    mark = last_seq(team.saga)
+    squats = [(team.user("coder"), None), (alice, "agent:lead"), (alice, None)]
+    for by, parent in squats:
+        with pytest.raises(errors.NameTaken, match="under agent:tester's name"):
+            add_agent(saga=team.saga, name="tester.fixtures", role="", task="", runtime="external", parent=parent,
+                      by=by)  # fmt: skip
+    assert last_seq(team.saga) == mark
+    assert not Collaborator.objects.filter(saga=team.saga, name="tester.fixtures").exists()
+    mine, _ = add_agent(
+        saga=team.saga, name="tester.fixtures", role="", task="", runtime="external", by=team.user("tester")
+    )
+    theirs, _ = add_agent(saga=team.saga, name="tester.fixtures.data", role="", task="", runtime="external",
+                          parent="agent:tester.fixtures", by=alice)  # fmt: skip
+    free, _ = add_agent(saga=team.saga, name="scribe.v2", role="", task="", runtime="external", by=alice)
+    assert mine.delegation.delegator == team["tester"]
+    assert theirs.delegation.delegator == mine
+    assert free.delegation.delegator.handle == "human:alice"
+
+
 @pytest.mark.parametrize("who", ["bob", "mallory"])
 def test_only_managers_add_collaborators(team: Team, who: str, request: pytest.FixtureRequest) -> None:
     user: User = request.getfixturevalue(who)
