@@ -474,7 +474,7 @@ def latest_seq(events: Iterable[JournalEvent]) -> int:
 class TeamView:
     team: TeamModel
     teammates: list[Teammate]
-    inbox: list[SteeringItem]
+    inbox: list[SteeringItem] | None  # None: not the viewer's to read
     unread: int
 
     @property
@@ -486,10 +486,14 @@ class TeamView:
         return sum(m.tokens for m in self.teammates)
 
 
-def teams(saga: Saga, *, inbox_limit: int = 20) -> list[TeamView]:
-    """Each team of the saga with its roster and its lead's inbox (what teammates sent it)."""
-    views = []
+def teams(saga: Saga, viewer: Any, *, inbox_limit: int = 20) -> list[TeamView]:
+    """Each team of the saga with its roster and, for the saga's managers and the lead, the lead's
+    inbox (what teammates sent it: requests, which anyone else sees only as a party to them)."""
+    views, manager = [], may_manage(viewer, saga)
     for found in TeamModel.objects.filter(saga=saga).select_related("lead", "saga").order_by("created_at"):
-        inbox, unread = lead_inbox(found, limit=inbox_limit)
+        if manager or found.lead.user_id == viewer.pk:
+            inbox, unread = lead_inbox(found, limit=inbox_limit)
+        else:
+            inbox, unread = None, 0
         views.append(TeamView(team=found, teammates=roster(found), inbox=inbox, unread=unread))
     return views

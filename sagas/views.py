@@ -180,7 +180,7 @@ def workers_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
 
 
 def teams_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:
-    return {"teams": dashboard.teams(saga)}
+    return {"teams": dashboard.teams(saga, request.user)}
 
 
 def stats_part(request: HttpRequest, saga: Saga) -> dict[str, Any]:

@@ -232,11 +232,12 @@ def test_shutting_a_team_down_ends_every_teammate_at_work(team: Team) -> None:
     assert json.dumps([e.data for e in events_of(team.saga, "run.shutdown")]).count("saga finished") == 2
 
 
-def test_the_saga_page_and_its_live_part_show_the_roster_and_the_lead_inbox(team: Team, alice: User) -> None:
+def test_the_saga_page_and_its_live_part_show_the_roster_and_the_lead_inbox(team: Team, alice: User, bob: User) -> None:
     from django.test import Client
 
-    browser = Client()
+    browser, watcher = Client(), Client()
     browser.force_login(alice)
+    watcher.force_login(bob)  # in the saga, not one of its managers
     page_url = f"/sagas/{team.saga.pk}/"
     assert "No team yet." in browser.get(page_url).content.decode()
     spawn(team, "ann")
@@ -249,6 +250,12 @@ def test_the_saga_page_and_its_live_part_show_the_roster_and_the_lead_inbox(team
         assert 'data-teammate="agent:ann" data-status="shutdown"' in html
         assert 'data-teammate="agent:ben" data-status="working"' in html
         assert 'data-unread="1"' in html and "team.report" in html and "three clients" in html
+    # The roster is the collaborators bob sees on the page anyway; the inbox holds requests, which he
+    # sees only as a party to them (as over REST and in the journal).
+    for html in (watcher.get(page_url).content.decode(), watcher.get(f"{page_url}live/teams/").content.decode()):
+        assert 'data-teammate="agent:ben" data-status="working"' in html
+        assert "three clients" not in html and "data-unread" not in html
+        assert "The lead's inbox is for the saga's managers." in html
 
 
 def test_a_manager_sets_a_teams_budgets_and_its_lead_cannot(team: Team, alice: User) -> None:
