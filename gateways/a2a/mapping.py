@@ -5,6 +5,7 @@ context ids), the request's status becomes the task's state, and the reply becom
 artifact. Nothing here writes: the handler calls the kernel's actions.
 """
 
+import json
 from typing import Any
 
 from a2a.types import a2a_pb2 as pb
@@ -31,6 +32,11 @@ TERMINAL = frozenset({pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED, pb.TASK_STA
 # Where a blocking send returns and a stream closes (the spec's terminal and interrupted states).
 SETTLED = TERMINAL | {pb.TASK_STATE_INPUT_REQUIRED}
 
+# How deep a data part nests, at most: a task carrying it (in a response, a page of ListTasks, a
+# push) must still decode within protobuf's limit of 100 nested messages, and a JSON object takes
+# three of them per level.
+MAX_DATA_DEPTH = 24
+
 # The request statuses a `status` filter of ListTasks stands for.
 STATUSES_OF_STATE: dict[int, list[str]] = {}
 for _status, _state in STATES.items():
@@ -48,6 +54,8 @@ def payload_of(message: pb.Message, *, context_id: str) -> dict[str, Any]:
         kind = part.WhichOneof("content")
         if kind not in ("text", "data"):
             raise ContentTypeNotSupportedError(message=f"This agent accepts text and data parts, not {kind}.")
+        if kind == "data" and nesting(MessageToDict(part.data)) > MAX_DATA_DEPTH:
+            raise InvalidParamsError(message=f"A data part nests at most {MAX_DATA_DEPTH} levels.")
         parts.append(MessageToDict(part))
     return {"parts": parts, "message_id": message.message_id, "context_id": context_id}
 
@@ -63,12 +71,28 @@ def state_of(request: AgentRequest, question: AgentRequest | None = None) -> int
 
 
 def reply_parts(reply: Any) -> list[dict[str, Any]]:
-    """An agent's reply as parts: its own parts when it wrote A2A parts, else text or data."""
+    """An agent's reply as parts: its own parts when it wrote A2A parts, else text or data; data
+    nested deeper than a task carries goes as its JSON text."""
     if isinstance(reply, dict) and isinstance(reply.get("parts"), list):
-        return [part for part in reply["parts"] if isinstance(part, dict)]
+        return [carried(part) for part in reply["parts"] if isinstance(part, dict)]
     if isinstance(reply, str):
         return [{"text": reply}]
-    return [{"data": reply}]
+    return [carried({"data": reply})]
+
+
+def carried(part: dict[str, Any]) -> dict[str, Any]:
+    if "data" in part and nesting(part["data"]) > MAX_DATA_DEPTH:
+        return {"text": json.dumps(part["data"], ensure_ascii=False)}
+    return part
+
+
+def nesting(value: Any) -> int:
+    """How many objects and arrays deep a JSON value is (0 for a scalar)."""
+    depth, level = 0, [value]
+    while containers := [v for v in level if isinstance(v, dict | list)]:
+        depth += 1
+        level = [child for c in containers for child in (c.values() if isinstance(c, dict) else c)]
+    return depth
 
 
 def user_message(request: AgentRequest) -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """How a request reads as an A2A task: states, parts, artifacts (no server needed)."""
 
+import json
+
 import pytest
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import ContentTypeNotSupportedError, InvalidParamsError
 from django.utils import timezone
+from google.protobuf.json_format import ParseDict
 
 from gateways.a2a import mapping, push
 from sagas.models import AgentRequest
@@ -63,3 +66,26 @@ def test_a_webhook_url_no_request_could_reach_is_refused_when_it_is_set(url: str
     with pytest.raises(InvalidParamsError, match="http"):
         push.check(pb.TaskPushNotificationConfig(url=url))
     push.check(pb.TaskPushNotificationConfig(url="https://hooks.example.com/hook"))
+
+
+def nested(depth: int) -> dict[str, object]:
+    value: dict[str, object] = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def test_a_data_part_too_deep_for_a_task_to_carry_is_refused_inbound_and_sent_as_text_outbound() -> None:
+    """protobuf decodes at most 100 nested messages and a JSON object takes three: a task holding
+    data nested about 33 deep could be written but never read back (a response, a page, a push)."""
+    deep, fits = nested(mapping.MAX_DATA_DEPTH + 1), nested(mapping.MAX_DATA_DEPTH)
+    with pytest.raises(InvalidParamsError, match="nests at most"):
+        mapping.payload_of(pb.Message(message_id="m", parts=[ParseDict({"data": deep}, pb.Part())]), context_id="c")
+    assert mapping.payload_of(pb.Message(message_id="m", parts=[ParseDict({"data": fits}, pb.Part())]), context_id="c")
+    for reply in (nested(40), {"parts": [{"data": nested(40)}, {"text": "and more"}]}):
+        task = mapping.task_of(request(Status.COMPLETED, reply=reply), history_length=0)
+        page = pb.ListTasksResponse(tasks=[task])
+        assert pb.ListTasksResponse.FromString(page.SerializeToString()) == page  # it decodes
+        assert json.loads(task.artifacts[0].parts[0].text) == nested(40)
+    kept = mapping.task_of(request(Status.COMPLETED, reply=fits), history_length=0)
+    assert kept.artifacts[0].parts[0].HasField("data")
