@@ -135,11 +135,17 @@ async def rpc(request: Request) -> Response:
         return rpc_error(-32602, str(exc))  # invalid params
     assume_current_version(request, rpc_body)
     if (refused := check_enums(rpc_body)) is not None:
-        return JSONResponse(build_error_response(rpc_body.get("id"), refused))
+        return JSONResponse(build_error_response(call_id(rpc_body), refused))
     response = await dispatcher.handle_requests(request)
     if is_streaming(rpc_body) and isinstance(response, JSONResponse) and response.status_code == 200:
         return as_event_stream(response)
     return response
+
+
+def call_id(body: Any) -> str | int | None:
+    """The id of a call, as JSON-RPC allows one (a string or an integer); None for any other."""
+    found = body.get("id") if isinstance(body, dict) else None
+    return found if isinstance(found, str | int) and not isinstance(found, bool) else None
 
 
 def rpc_error(code: int, message: str) -> JSONResponse:
