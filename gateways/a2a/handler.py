@@ -132,15 +132,21 @@ def send(caller: Caller, params: pb.SendMessageRequest, *, mode: str) -> AgentRe
     if params.configuration.HasField("task_push_notification_config"):  # refused before any task is created
         push.check(params.configuration.task_push_notification_config)
     if message.task_id:  # a further message to a task: an answer to the agent, or a follow-up
-        return conversation.continue_task(caller.sender, task_for(caller, message.task_id), message)
+        request = conversation.continue_task(caller.sender, task_for(caller, message.task_id), message)
+    else:
+        request = new_task(caller, message, mode=mode)
+    if params.configuration.HasField("task_push_notification_config"):
+        push.register(caller, request, params.configuration.task_push_notification_config)
+    return request
+
+
+def new_task(caller: Caller, message: pb.Message, *, mode: str) -> AgentRequest:
     context_id = message.context_id or default_context_id(caller, message.message_id)
     payload = mapping.payload_of(message, context_id=context_id)
     request, _ = actions.ask_agent(
         sender=caller.sender, to=caller.agent.handle, type=mapping.REQUEST_TYPE, payload=payload, mode=mode,
         idempotency_key=f"a2a:{message.message_id}",
     )  # fmt: skip
-    if params.configuration.HasField("task_push_notification_config"):
-        push.register(caller, request, params.configuration.task_push_notification_config)
     return request
 
 
@@ -191,9 +197,11 @@ def wait_deadline(request: AgentRequest) -> datetime:
     return timezone.now() + timedelta(seconds=min(settings.AGORA_DEFAULT_WAIT_S, settings.AGORA_MAX_WAIT_S))
 
 
-def settled(request_id: str, deadline: datetime) -> float:
+def settled(caller: Caller, request_id: str, deadline: datetime) -> float:
     """One look at a blocking send: 0 when it is over (the task ended, the agent asked back, or
-    the wait's deadline passed), else how long the wait may still last."""
+    the wait's deadline passed), else how long the wait may still last. Refused once what
+    authorized the send no longer holds, as a stream is (check_allowed): nothing more to read."""
+    check_allowed(caller)
     now = timezone.now()
     view = snapshot(request_id)
     if view.state not in SETTLED and deadline > now:
@@ -237,7 +245,13 @@ def list_tasks(caller: Caller, params: pb.ListTasksRequest) -> pb.ListTasksRespo
     if params.status == pb.TASK_STATE_INPUT_REQUIRED:  # derived: an open task the agent asked about
         requests = requests.filter(pk__in=conversation.asking_tasks(caller.sender.pk, caller.agent.pk))
     elif params.status:
-        requests = requests.filter(status__in=mapping.STATUSES_OF_STATE.get(params.status, []))
+        refused = requests.filter(status=AgentRequest.Status.FAILED, error__code=mapping.REFUSED)
+        if params.status == pb.TASK_STATE_REJECTED:  # derived: failed, with the agent's refusal
+            requests = refused
+        else:
+            requests = requests.filter(status__in=mapping.STATUSES_OF_STATE.get(params.status, []))
+        if params.status == pb.TASK_STATE_FAILED:  # a refusal is a rejected task, not a failed one
+            requests = requests.exclude(pk__in=refused.values("pk"))
         if params.status in (pb.TASK_STATE_SUBMITTED, pb.TASK_STATE_WORKING):
             requests = requests.exclude(pk__in=conversation.asking_tasks(caller.sender.pk, caller.agent.pk))
     if params.HasField("status_timestamp_after"):
@@ -305,7 +319,7 @@ class KernelRequestHandler(RequestHandler):
                 if blocking:
                     await bell.listen(request_channel(request.pk))
                     deadline = wait_deadline(request)
-                    while remaining := await in_thread(settled, request.pk, deadline):
+                    while remaining := await in_thread(settled, caller, request.pk, deadline):
                         await bell.ring_or_timeout(max(0.01, min(RECHECK_S, remaining)))
         finally:
             await release(slot)
@@ -386,11 +400,12 @@ class KernelRequestHandler(RequestHandler):
         raise ExtendedAgentCardNotConfiguredError
 
 
-def still_allowed(caller: Caller) -> bool:
-    """What authorized the stream still holds: its token, and the agent's exposure (checked at each
-    re-check, as a REST wait checks its token)."""
+def check_allowed(caller: Caller) -> None:
+    """What authorized a wait or a stream still holds: its token, and the agent's exposure (checked
+    at each re-check, as a REST wait checks its token)."""
     token_holds = caller.token_id is None or ApiToken.objects.filter(pk=caller.token_id).exists()
-    return token_holds and Collaborator.objects.filter(pk=caller.agent.pk, exposed=True).exists()
+    if not (token_holds and Collaborator.objects.filter(pk=caller.agent.pk, exposed=True).exists()):
+        raise InvalidRequestError(message="The caller's token was revoked, or the agent is no longer exposed.")
 
 
 async def follow(
@@ -413,8 +428,7 @@ async def follow(
             if slot is not None and time.monotonic() >= renew_at:  # a stream may last longer than a slot
                 await in_thread(slot.renew)
                 renew_at = time.monotonic() + SLOT_RENEW_S
-            if not await in_thread(still_allowed, caller):
-                raise InvalidRequestError(message="The caller's token was revoked, or the agent is no longer exposed.")
+            await in_thread(check_allowed, caller)
             view = await in_thread(snapshot, request_id)
             if view.state == state:
                 continue

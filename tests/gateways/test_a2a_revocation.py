@@ -10,6 +10,7 @@ import pytest
 
 from accounts.models import User
 from sagas import actions
+from sagas.models import AgentRequest
 from tests.gateways.conftest import Cast
 from tests.support import WebServer, wait_until
 
@@ -56,3 +57,35 @@ def test_a_stream_ends_once_its_authorization_is_withdrawn(
         reader.join(timeout=30)
     actions.reply_to_request(request_id=task_id, by=cast.slow.user, payload={"secret": "after"})
     assert "error" in events[-1] and "after" not in json.dumps(events)
+
+
+@pytest.mark.parametrize(
+    "withdraw",
+    [
+        lambda cast, alice: actions.revoke_agent_token(saga=cast.saga, handle="agent:ext", by=alice),
+        lambda cast, alice: actions.set_exposed(saga=cast.saga, handle="agent:slow", exposed=False, by=alice),
+    ],
+    ids=["token revoked", "exposure withdrawn"],
+)
+def test_a_blocking_send_gets_no_reply_once_its_authorization_is_withdrawn(
+    web_server: WebServer, cast: Cast, alice: User, withdraw: Callable[[Cast, User], object]
+) -> None:
+    url, auth = cast.agent_url(web_server.url, "slow"), {"Authorization": f"Bearer {cast.ext_token}", **HEADERS}
+    message = {"messageId": "rev-2", "role": "ROLE_USER", "parts": [{"text": "Tell me a secret."}]}
+    answers: list[dict[str, object]] = []
+
+    def send() -> None:
+        body = call("SendMessage", {"message": message, "configuration": {"returnImmediately": False}})
+        answers.append(httpx.post(url, json=body, headers=auth, timeout=60).json())
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        request = wait_until(lambda: AgentRequest.objects.filter(recipient=cast.slow).first(), timeout=30,
+                             what="the blocking send's task")  # fmt: skip
+        withdraw(cast, alice)
+        actions.reply_to_request(request_id=request.pk, by=cast.slow.user, payload={"secret": "for ext only"})
+    finally:
+        sender.join(timeout=30)
+    assert not sender.is_alive() and len(answers) == 1
+    assert "error" in answers[0] and "for ext only" not in json.dumps(answers)
