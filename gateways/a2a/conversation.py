@@ -17,6 +17,7 @@ from typing import Any
 
 from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import InvalidParamsError, UnsupportedOperationError
+from google.protobuf.json_format import MessageToDict
 
 from gateways.a2a import mapping
 from sagas import actions, errors
@@ -103,7 +104,7 @@ def decline_questions(sender: Collaborator, questions: list[AgentRequest]) -> No
 
 def continue_task(sender: Collaborator, task: AgentRequest, message: pb.Message) -> AgentRequest:
     """A further message to one of the caller's tasks: the answer to its question, or a follow-up."""
-    if already_answered(sender, task, message.message_id) or already_followed_up(sender, task, message.message_id):
+    if resent(sender, task, message):
         return task  # a resend of a message the agent has: the task as it stands, even finished
     question = question_of(task)
     if mapping.state_of(task, question) in mapping.TERMINAL:
@@ -122,16 +123,21 @@ def continue_task(sender: Collaborator, task: AgentRequest, message: pb.Message)
     return task
 
 
-def already_followed_up(sender: Collaborator, task: AgentRequest, message_id: str) -> bool:
-    """Whether this message went to the task as a follow-up (its key, follow_up_request's): resent,
-    it is not the answer to a question the agent asked since."""
-    return SteeringItem.objects.filter(
+def resent(sender: Collaborator, task: AgentRequest, message: pb.Message) -> bool:
+    """Whether the agent has this message about this task already, by its messageId: as the answer
+    to a question, or as a follow-up (its key, follow_up_request's). Resent, it is neither sent
+    again nor the answer to a question asked since; the same id with other parts is -32602."""
+    answered = AgentRequest.objects.filter(
+        sender_id=task.recipient_id, recipient=sender, reply__message_id=message.message_id,
+        **{f"reply__{TASK_LINK}": task.pk},
+    ).values_list("reply", flat=True)  # fmt: skip
+    followed = SteeringItem.objects.filter(
         recipient_id=task.recipient_id, kind=SteeringItem.Kind.MESSAGE, sender=sender.handle,
-        payload__request_id=task.pk, payload__key=f"a2a:{message_id}",
-    ).exists()  # fmt: skip
-
-
-def already_answered(sender: Collaborator, task: AgentRequest, message_id: str) -> bool:
-    return AgentRequest.objects.filter(
-        sender_id=task.recipient_id, recipient=sender, reply__message_id=message_id
-    ).exists()
+        payload__request_id=task.pk, payload__key=f"a2a:{message.message_id}",
+    ).values_list("payload", flat=True)  # fmt: skip
+    first = answered.first() or (followed.first() or {}).get("message")
+    if first is None:
+        return False
+    if first.get("parts") != [MessageToDict(part) for part in message.parts]:
+        raise InvalidParamsError(message=f"messageId {message.message_id} was sent with other parts.")
+    return True

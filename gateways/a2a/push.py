@@ -33,11 +33,7 @@ def as_proto(config: PushConfig) -> pb.TaskPushNotificationConfig:
 
 def check(config: pb.TaskPushNotificationConfig) -> None:
     """A webhook's config as its row holds it; checked before its task is created (SendMessage)."""
-    try:
-        (urlsplit(config.url).hostname or "").encode("idna")  # a label no resolver takes: UnicodeError
-    except ValueError:
-        raise InvalidParamsError(message="A push notification url is an http(s) URL.") from None
-    if not config.url.startswith(("http://", "https://")):
+    if not reachable(config.url):
         raise InvalidParamsError(message="A push notification url is an http(s) URL.")
     for field, value in (("config_id", config.id), ("url", config.url), ("token", config.token),
                          ("auth_scheme", config.authentication.scheme),
@@ -49,6 +45,17 @@ def check(config: pb.TaskPushNotificationConfig) -> None:
             )
 
 
+def reachable(url: str) -> bool:
+    """An http(s) URL a request could go to: a host a resolver takes, a port if any, no spaces."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a port that is not a number, or out of range: ValueError)
+        (parts.hostname or "").encode("idna")  # a label no resolver takes: UnicodeError, a ValueError
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c.isspace() for c in url)
+
+
 def register(
     caller: object, request: AgentRequest, config: pb.TaskPushNotificationConfig
 ) -> pb.TaskPushNotificationConfig:
@@ -57,20 +64,20 @@ def register(
     another."""
     check(config)
     config_id = config.id or uuid.uuid5(uuid.NAMESPACE_URL, f"{request.pk}:{config.url}").hex
+    webhook = {
+        "url": config.url,
+        "token": config.token,
+        "auth_scheme": config.authentication.scheme,
+        "auth_credentials": config.authentication.credentials,
+    }
     with transaction.atomic():
         if PushConfig.objects.filter(request=request).exclude(config_id=config_id).count() >= MAX_CONFIGS:
             raise InvalidParamsError(message=f"A task takes at most {MAX_CONFIGS} push notification configs.")
+        row = PushConfig.objects.select_for_update().filter(request=request, config_id=config_id).first()
+        if row is not None and all(getattr(row, field) == value for field, value in webhook.items()):
+            return as_proto(row)  # set again as it is (a retried send): its deliveries go on as they were
         row, _ = PushConfig.objects.update_or_create(
-            request=request,
-            config_id=config_id,
-            defaults={
-                "url": config.url,
-                "token": config.token,
-                "auth_scheme": config.authentication.scheme,
-                "auth_credentials": config.authentication.credentials,
-                "pushed_state": "",
-                "failures": 0,
-            },
+            request=request, config_id=config_id, defaults={**webhook, "pushed_state": "", "failures": 0}
         )
         transaction.on_commit(lambda: ring(row.pk))
     return as_proto(row)

@@ -65,7 +65,7 @@ def deliver(config: PushConfig, task: pb.Task) -> str | None:
         response.raise_for_status()
     except NotPublic as exc:
         return str(exc)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # a row set before its URL was checked as now
         return f"{type(exc).__name__}: {exc}"
     return None
 

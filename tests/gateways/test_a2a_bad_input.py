@@ -11,7 +11,7 @@ import pytest
 from django.conf import LazySettings
 
 from gateways.a2a.models import PushConfig
-from sagas.models import AgentRequest
+from sagas.models import AgentRequest, SteeringItem
 from tests.gateways.conftest import Cast
 from tests.support import WebServer
 
@@ -29,6 +29,13 @@ BODIES: dict[str, tuple[bytes, int]] = {
         -32602,
     ),
 }
+
+
+def nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
 
 
 def post(server: WebServer, cast: Cast, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -58,6 +65,16 @@ def test_a_method_or_a_filter_of_the_wrong_type_is_refused_not_a_server_error(
         (rpc({"a": 1}, SEND), V1),
         (rpc("ListTasks", {"status": ["TASK_STATE_WORKING"]}), V1),
         (rpc("ListTasks", {"status": {}}), V1),
+        # A filter refused before the dispatcher, in a call whose id JSON-RPC does not allow.
+        *(
+            (
+                json.dumps(
+                    {"jsonrpc": "2.0", "id": bad, "method": "ListTasks", "params": {"status": "bogus"}}
+                ).encode(),
+                V1,
+            )
+            for bad in ([1], {"a": 1}, 1.5, True)
+        ),
     ):
         response = post(web_server, cast, body, headers)
         assert response.status_code == 200, response.text[:300]
@@ -77,8 +94,8 @@ def test_a_host_not_allowed_and_a_nul_in_the_path_are_refused(web_server: WebSer
 
 
 def test_a_send_refused_for_its_webhook_or_its_message_id_creates_no_task(web_server: WebServer, cast: Cast) -> None:
-    def send(message_id: str, **configuration: Any) -> dict[str, Any]:
-        params = {"message": {**SEND["message"], "messageId": message_id},
+    def send(message_id: str, parts: list[Any] | None = None, **configuration: Any) -> dict[str, Any]:
+        params = {"message": {**SEND["message"], "messageId": message_id, "parts": parts or SEND["message"]["parts"]},
                   "configuration": {"returnImmediately": True, **configuration}}  # fmt: skip
         return dict(post(web_server, cast, rpc("SendMessage", params), V1).json())
 
@@ -87,6 +104,14 @@ def test_a_send_refused_for_its_webhook_or_its_message_id_creates_no_task(web_se
         send("m-long-url", taskPushNotificationConfig={"url": "https://hook.example/" + "x" * 2000}),
         send("m-long-id", taskPushNotificationConfig={"url": "https://hook.example/", "id": "i" * 101}),
         send("m" * 197),  # its key, a2a:<messageId>, would pass 200 characters
+        # Webhooks no request could reach: no host, a space, a port that is not one.
+        *(
+            send(f"m-url-{i}", taskPushNotificationConfig={"url": url})
+            for i, url in enumerate(
+                ["http://", "https:///x", "http://a b.example/", "http://93.184.216.34:abc/", "http://h.example:99999/"]
+            )
+        ),
+        send("m-deep", [{"data": nested(30)}]),  # deeper than a task can carry back (mapping.MAX_DATA_DEPTH)
     ):
         assert refused["error"]["code"] == -32602, refused
     assert not AgentRequest.objects.exists()
@@ -95,6 +120,10 @@ def test_a_send_refused_for_its_webhook_or_its_message_id_creates_no_task(web_se
     tasks = {send("m-push", taskPushNotificationConfig={"url": "https://hook.example/"})["result"]["task"]["id"]
              for _ in range(3)}  # fmt: skip
     assert len(tasks) == 1 and PushConfig.objects.filter(request_id=tasks.pop()).count() == 1
+    # Its state pushed meanwhile, a fourth retry sets the same webhook: it is not pushed again.
+    PushConfig.objects.update(pushed_state="TASK_STATE_WORKING")
+    send("m-push", taskPushNotificationConfig={"url": "https://hook.example/"})
+    assert PushConfig.objects.get().pushed_state == "TASK_STATE_WORKING"
 
 
 def test_a_page_token_past_any_offset_is_refused(web_server: WebServer, cast: Cast) -> None:
@@ -110,3 +139,32 @@ def test_a_body_past_the_limit_is_refused_before_it_is_read_whole(
     response = post(web_server, cast, big, V1)
     assert response.status_code == 413 and response.json()["code"] == "payload_too_large"
     assert not AgentRequest.objects.exists()
+
+
+def test_a_further_message_sets_its_webhook_keeps_its_id_and_a_refusal_lists_as_rejected(
+    web_server: WebServer, cast: Cast
+) -> None:
+    def send(message: dict[str, Any], **configuration: Any) -> dict[str, Any]:
+        params = {
+            "message": {"role": "ROLE_USER", **message},
+            "configuration": {"returnImmediately": True, **configuration},
+        }
+        return dict(post(web_server, cast, rpc("SendMessage", params), V1).json())
+
+    def further(message_id: str, text: str, **configuration: Any) -> dict[str, Any]:
+        return send({"messageId": message_id, "taskId": task, "parts": [{"text": text}]}, **configuration)
+
+    task = send({"messageId": "t-1", "parts": [{"text": "Look into it."}]})["result"]["task"]["id"]
+    hook = {"url": "https://hook.example/further"}
+    assert "result" in further("f-1", "One more thing.", taskPushNotificationConfig=hook)
+    assert PushConfig.objects.filter(request_id=task, url=hook["url"]).count() == 1
+    assert "result" in further("f-1", "One more thing.")  # a resend: the agent has it already
+    assert further("f-1", "Something else.")["error"]["code"] == -32602  # its id, with other parts
+    assert SteeringItem.objects.filter(kind=SteeringItem.Kind.MESSAGE, payload__request_id=task).count() == 1
+
+    def listed(state: str) -> list[str]:
+        page = post(web_server, cast, rpc("ListTasks", {"status": state}), V1).json()["result"]
+        return [t["id"] for t in page.get("tasks", [])]
+
+    AgentRequest.objects.filter(pk=task).update(status=AgentRequest.Status.FAILED, error={"code": "refused"})
+    assert (listed("TASK_STATE_REJECTED"), listed("TASK_STATE_FAILED")) == ([task], [])
