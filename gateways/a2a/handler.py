@@ -123,6 +123,7 @@ def default_context_id(caller: Caller, message_id: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"agora:{caller.sender.pk}:{message_id}"))
 
 
+@transaction.atomic  # the message and its webhook, or neither (a task's webhooks may be full)
 def send(caller: Caller, params: pb.SendMessageRequest, *, mode: str) -> AgentRequest:
     message = params.message
     if message.role == pb.ROLE_AGENT:

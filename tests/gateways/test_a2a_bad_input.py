@@ -161,6 +161,12 @@ def test_a_further_message_sets_its_webhook_keeps_its_id_and_a_refusal_lists_as_
     assert "result" in further("f-1", "One more thing.")  # a resend: the agent has it already
     assert further("f-1", "Something else.")["error"]["code"] == -32602  # its id, with other parts
     assert SteeringItem.objects.filter(kind=SteeringItem.Kind.MESSAGE, payload__request_id=task).count() == 1
+    # Its webhooks full (ten), a further message with one more is refused whole: no follow-up either.
+    PushConfig.objects.bulk_create(
+        PushConfig(request_id=task, config_id=f"c{i}", url=f"https://hook.example/{i}") for i in range(9)
+    )
+    assert further("f-2", "And this.", taskPushNotificationConfig={"url": "https://hook.example/x"})["error"]
+    assert SteeringItem.objects.filter(kind=SteeringItem.Kind.MESSAGE, payload__request_id=task).count() == 1
 
     def listed(state: str) -> list[str]:
         page = post(web_server, cast, rpc("ListTasks", {"status": state}), V1).json()["result"]
