@@ -130,3 +130,45 @@ def test_anonymous_is_refused_with_no_data(client: Client, saga: Saga, journal: 
     assert response["Content-Type"] == "application/problem+json"
     assert "café" not in response.content.decode()
     assert "note" not in response.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_served_over_asgi_the_download_goes_out_batch_by_batch(alice: User, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under an ASGI server (daphne, as Agora runs) Django streams only an async iterator: a sync one
+    it reads whole first, so a large journal's first byte waited for its last batch."""
+    from asgiref.sync import async_to_sync
+    from asgiref.testing import ApplicationCommunicator
+
+    from config.asgi import application
+    from journal import export
+
+    saga = create_saga(title="Long", owner=alice)
+    for i in range(50 - JournalEvent.objects.filter(saga=saga).count()):
+        record(saga_id=saga.pk, type="note", actor="human:alice", data={"i": i})
+    monkeypatch.setattr(export, "EXPORT_BATCH", 5)
+    reads: list[int] = []
+    read_batch = export.jsonl_batch
+    monkeypatch.setattr(export, "jsonl_batch", lambda *a, **k: reads.append(k["after"]) or read_batch(*a, **k))
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+        "path": f"/api/v1/sagas/{saga.pk}/journal.jsonl", "raw_path": b"", "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"localhost"), (b"authorization", f"Token {issue_token(user=alice)}".encode())],
+        "client": ("127.0.0.1", 50000), "server": ("localhost", 80),
+    }  # fmt: skip
+
+    async def download() -> tuple[int, int, bytes]:
+        app = ApplicationCommunicator(application, scope)
+        await app.send_input({"type": "http.request", "body": b"", "more_body": False})
+        start = await app.receive_output(10)
+        chunk = await app.receive_output(10)
+        read_by_then, chunks = len(reads), [chunk.get("body", b"")]
+        while chunk.get("more_body"):
+            chunk = await app.receive_output(10)
+            chunks.append(chunk.get("body", b""))
+        return start["status"], read_by_then, b"".join(chunks)
+
+    status, read_by_then, content = async_to_sync(download)()
+    assert status == 200
+    assert [line["seq"] for line in parse(content.decode())] == list(range(1, 51))
+    # Fifty events, ten full batches of five and an empty eleventh; the first went out before most were read.
+    assert len(reads) == 11 and read_by_then < 4
