@@ -11,17 +11,48 @@ class InvalidProfiles(ValueError):
     pass
 
 
+# What each key of a profile holds, checked before the model sees it (a text field would store a
+# list as its repr, a list field would take a string as its letters).
+TEXT, NAMES = (str,), "names"
+PROFILE_TYPES: dict[str, Any] = {
+    "name": TEXT, "role": TEXT, "system_prompt": TEXT, "model": TEXT, "endpoint": TEXT,
+    "tools": NAMES, "fallback_models": NAMES, "requires": NAMES, "mcp_servers": NAMES,
+    "model_capabilities": "capabilities", "resumable": (bool,), "max_turns": (int,), "max_tokens": (int,),
+}  # fmt: skip
+
+
+def repeated_name(entries: list[dict[str, Any]]) -> Any:
+    """The first name given to two entries of one file, if any: loading both would keep the last."""
+    names = [entry.get("name") for entry in entries]
+    return next((name for i, name in enumerate(names) if name in names[:i]), None)
+
+
+def holds(kind: Any, value: Any) -> bool:
+    if kind == NAMES:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "capabilities":
+        return isinstance(value, dict) and all(holds(NAMES, v) for v in value.values())
+    return isinstance(value, kind) and not (kind == (int,) and isinstance(value, bool))
+
+
 @transaction.atomic
 def load_profiles(*, entries: Any) -> tuple[int, int]:
     """Create or update profiles by name; all of them or none. Returns (created, updated)."""
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InvalidProfiles("A profiles file holds a list of objects.")
+    if (twice := repeated_name(entries)) is not None:
+        raise InvalidProfiles(f"Profile {twice!r} is in the file twice.")
     created = updated = 0
     for entry in entries:
         if missing := {"name", "role", "model"} - set(entry):
             raise InvalidProfiles(f"Profile {entry.get('name', '?')!r} lacks {', '.join(sorted(missing))}.")
         if unknown := set(entry) - PROFILE_FIELDS:
             raise InvalidProfiles(f"Profile {entry['name']!r} has unknown keys: {', '.join(sorted(unknown))}.")
+        if wrong := sorted(key for key, value in entry.items() if not holds(PROFILE_TYPES[key], value)):
+            raise InvalidProfiles(
+                f"Profile {entry['name']!r}: wrong type for {', '.join(wrong)} (names and model ids are text; tools, "
+                "fallback_models, requires and mcp_servers lists of them; model_capabilities maps a model to a list)."
+            )
         fields = {k: v for k, v in entry.items() if k != "name"}
         profile = AgentProfile.objects.filter(name=entry["name"]).first() or AgentProfile(name=entry["name"])
         is_new = profile.pk is None

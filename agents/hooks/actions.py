@@ -52,10 +52,10 @@ def check_entry(entry: dict[str, Any]) -> dict[str, Any]:
         )
     if unknown := set(entry) - KEYS:
         raise InvalidHooks(f"{label} has unknown keys: {', '.join(sorted(unknown))}.")
-    if entry.get("event") not in Event._value2member_map_:
+    if not isinstance(entry.get("event"), str) or entry["event"] not in Event._value2member_map_:
         raise InvalidHooks(f"{label}: event is one of {', '.join(e.value for e in Event)}.")
     kind = entry.get("type")
-    if kind not in TARGETS:
+    if not isinstance(kind, str) or kind not in TARGETS:
         raise InvalidHooks(f"{label}: type is one of {', '.join(TARGETS)}.")
     target = TARGETS[HookHandler.Type(kind)]
     if others := {t for t in TARGETS.values() if t != target} & set(entry):

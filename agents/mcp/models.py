@@ -1,5 +1,6 @@
 """MCP servers whose tools agents may use: rows, editable in the admin and loadable from the profiles file."""
 
+import math
 import os
 import re
 from typing import Any
@@ -71,8 +72,8 @@ class McpServer(models.Model):
             problems["headers"] = "Take credentials from the environment: ${VAR}, never in clear."
         if not isinstance(self.allowed_tools, list) or not all(isinstance(t, str) for t in self.allowed_tools):
             problems["allowed_tools"] = 'A list of tool names, or ["*"].'
-        if self.connect_timeout_s <= 0 or self.call_timeout_s <= 0:
-            problems["call_timeout_s"] = "Timeouts are positive."
+        if not all(positive(t) for t in (self.connect_timeout_s, self.call_timeout_s)):
+            problems["call_timeout_s"] = "Timeouts are positive numbers of seconds."
         if problems:
             raise ValidationError(problems)
 
@@ -94,3 +95,8 @@ class McpServer(models.Model):
 
 
 SECRET_HEADERS = {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"}
+
+
+def positive(value: Any) -> bool:
+    """A number of seconds: finite and above zero (a field that did not take its value holds it raw)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0

@@ -13,6 +13,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
 from accounts.models import User
+from agents.actions import repeated_name
 from agents.orchestrator.models import Brain, Prompt
 from agents.orchestrator.router import vision_roles
 from agents.references import check_references
@@ -182,6 +183,8 @@ def load_brains(*, entries: Any) -> tuple[int, int]:
     shape is checked here; what a brain must be, by `Brain.clean`, as in the admin."""
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InvalidBrains("A brains file holds a list of objects.")
+    if (twice := repeated_name(entries)) is not None:
+        raise InvalidBrains(f"Brain {twice!r} is in the file twice.")
     created = updated = 0
     for entry in entries:
         name = entry.get("name", "?")

@@ -106,6 +106,14 @@ def test_a_yaml_file_creates_brains_and_loading_it_edited_updates_the_same_rows(
     assert load(path) == "0 brains created, 2 updated." and Brain.objects.count() == 2
 
 
+def test_a_brain_named_twice_in_one_file_is_refused_whole(tmp_path: Path) -> None:
+    path = tmp_path / "brains.json"
+    path.write_text(json.dumps([GOOD, {**GOOD, "max_parallel_agents": 1}]))
+    with pytest.raises(CommandError, match=f"{GOOD['name']!r} is in the file twice"):
+        load(path)
+    assert not Brain.objects.exists()
+
+
 # Each: an edit that would break routing or delegation, and the field it is refused on.
 BAD_EDITS = [
     pytest.param({"signals": {"tester": ["(unclosed"]}}, "signals", id="a signal that does not compile"),

@@ -81,6 +81,8 @@ def test_an_untrusted_handler_is_refused_and_so_is_the_whole_file(tmp_path: Path
         ({"timeout_s": 10_000}, "at most 600"),
         ({"colour": "red"}, "unknown keys: colour"),
         ({"name": "bad name!"}, "slug"),
+        ({"event": ["Stop"]}, "event is one of"),  # not text: refused, not a TypeError
+        ({"type": {"a": 1}}, "type is one of"),
     ],
 )
 def test_a_bad_handler_is_refused_with_a_clear_error(tmp_path: Path, change: dict[str, Any], message: str) -> None:

@@ -52,12 +52,20 @@ def test_servers_load_with_the_profiles_and_loading_again_updates_them(tmp_path:
         {"env": {"TOKEN": "sk-live-123"}},  # a value where a variable name belongs
         {"name": "my_files"},  # an underscore would make `<server>__<tool>` ambiguous
         {"transport": "http"},  # no URL
+        {"connect_timeout_s": "soon"},  # not a number: refused, not a TypeError in the model's check
+        {"call_timeout_s": None},
     ],
 )
 def test_a_bad_server_is_refused_and_nothing_is_loaded(tmp_path: Path, bad: dict[str, object]) -> None:
     with pytest.raises(CommandError):
         load(tmp_path / "brains.json", {"mcp_servers": [{**SERVER, **bad}], "profiles": [PROFILE]})
     assert not McpServer.objects.exists() and not AgentProfile.objects.exists()
+
+
+def test_a_server_named_twice_in_one_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CommandError, match="'files' is in the file twice"):
+        load(tmp_path / "brains.json", {"mcp_servers": [SERVER, {**SERVER, "call_timeout_s": 9}], "profiles": []})
+    assert not McpServer.objects.exists()
 
 
 def test_credentials_come_from_the_environment_at_connection(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -58,6 +58,17 @@ def test_loading_yaml(tmp_path: Path) -> None:
         (json.dumps([{"name": "x", "role": "X"}]), "lacks model"),
         (json.dumps([{**PROFILE, "colour": "red"}]), "unknown keys: colour"),
         (json.dumps([PROFILE, {**PROFILE, "name": "bad name!"}]), "slug"),
+        # Each key's type, before the model turns a list into its repr or a string into its letters.
+        (json.dumps([{**PROFILE, "role": ["Coder"]}]), "wrong type for role "),
+        (
+            json.dumps([{**PROFILE, "tools": "finish", "fallback_models": "gpt-4.1-nano"}]),
+            "wrong type for fallback_models, tools ",
+        ),
+        (json.dumps([{**PROFILE, "model_capabilities": ["vision"]}]), "wrong type for model_capabilities "),
+        (json.dumps([{**PROFILE, "max_turns": True}]), "wrong type for max_turns "),
+        (json.dumps([PROFILE, {**PROFILE, "role": "Other"}]), "'coder' is in the file twice"),
+        (json.dumps([PROFILE]).replace("40", "NaN"), "NaN is not a JSON number"),
+        ("[" * 100_000 + "]" * 100_000, "nests deeper than"),
     ],
 )
 def test_a_bad_file_is_refused_whole_with_a_clear_error(tmp_path: Path, content: str, message: str) -> None:
@@ -68,8 +79,22 @@ def test_a_bad_file_is_refused_whole_with_a_clear_error(tmp_path: Path, content:
     assert not AgentProfile.objects.exists()  # all or nothing
 
 
+def test_a_yaml_key_that_is_not_text_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "profiles.yaml"
+    path.write_text("- {name: coder, role: Coder, model: m, 1: x}\n")
+    with pytest.raises(CommandError, match="Keys are text: 1 is not"):
+        load(path)
+    assert not AgentProfile.objects.exists()
+
+
 def test_the_shipped_profiles_load(tmp_path: Path) -> None:
     shipped = Path(__file__).resolve().parents[2] / "agents" / "profiles" / "default.json"
     assert load(shipped).startswith(f"{len(json.loads(shipped.read_text()))} profiles created")
     assistant = AgentProfile.objects.get(name="assistant")
     assert assistant.candidates == ["gpt-4.1-mini", "gpt-4.1-nano"]
+
+
+def test_seed_demo_without_its_owner_says_so_and_loads_nothing() -> None:
+    with pytest.raises(CommandError, match="ensure_demo_user"):
+        call_command("seed_demo", stdout=StringIO())
+    assert not AgentProfile.objects.exists()

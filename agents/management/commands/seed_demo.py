@@ -3,7 +3,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -31,10 +31,13 @@ class Command(BaseCommand):
     help = "Load the default agent profiles and create the demo saga once, owned by the demo user."
 
     def handle(self, *args: Any, **options: Any) -> None:
+        username = os.environ.get("DJANGO_SUPERUSER_USERNAME", "demo")
+        owner = User.objects.filter(username=username).first()
+        if owner is None:  # before anything is loaded
+            raise CommandError(f"No user {username!r} to own the demo: run `manage.py ensure_demo_user` first.")
         call_command("load_profiles", str(DEFAULT_PROFILES), stdout=self.stdout)
         call_command("load_profiles", str(BRAIN_PROFILES), stdout=self.stdout)
         call_command("load_brains", str(DEFAULT_BRAINS), stdout=self.stdout)
-        owner = User.objects.get(username=os.environ.get("DJANGO_SUPERUSER_USERNAME", "demo"))
         self.seed_a2a(owner)
         if Saga.objects.filter(title=DEMO_TITLE, owner=owner).exists():
             return
