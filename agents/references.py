@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from django.urls import reverse
 
+from config.payloads import storable_text
 from journal.models import JournalEvent
 from sagas import errors
 from sagas.access import JournalLens
@@ -122,7 +123,7 @@ def artifact_section(artifact: Artifact) -> str:
         return f"{head}\n[An image, given to the roles that can see images.]"
     if not artifact.is_text:
         return f"{head}\n[A file; download it from the saga's artifacts.]"
-    return f"{head}\n{cut(artifact.text, MAX_ARTIFACT_CHARS)}"
+    return f"{head}\n{storable_text(cut(artifact.text, MAX_ARTIFACT_CHARS))}"  # a text file may hold a NUL
 
 
 def saga_section(prior: Saga, user: Any) -> str:

@@ -94,6 +94,18 @@ def _finite(text: str) -> float:
     return number
 
 
+def storable_value(value: Any) -> Any:
+    """A JSON value with storable_text applied to every string in it, keys included: JSON a model
+    wrote (its escapes, `\\u0000`, become the characters no column stores once it is read)."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, list):
+        return [storable_value(item) for item in value]
+    if isinstance(value, dict):
+        return {storable_text(key): storable_value(item) for key, item in value.items()}
+    return value
+
+
 def storable_text(text: str) -> str:
     """text with NUL and lone surrogates replaced by U+FFFD: for output we keep rather than refuse
     (a model's message)."""

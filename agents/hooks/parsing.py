@@ -8,6 +8,7 @@ from typing import Any
 from agents.hooks.events import RULES, Event
 from agents.hooks.execution import Raw
 from agents.hooks.models import HookResult
+from config.payloads import storable_text
 
 Status = HookResult.Status
 
@@ -21,6 +22,14 @@ class Verdict:
 
 
 def interpret(event: Event, raw: Raw) -> Verdict:
+    """What the output means, its texts made storable (NUL and lone surrogates replaced): a
+    handler's output is kept, never refused, and a string cut inside an emoji is no reason to fail."""
+    verdict = meaning(event, raw)
+    reason, context, error = (storable_text(text) for text in (verdict.reason, verdict.context, verdict.error))
+    return Verdict(verdict.status, reason=reason, context=context, error=error)
+
+
+def meaning(event: Event, raw: Raw) -> Verdict:
     if raw.timed_out:
         return Verdict(Status.TIMED_OUT, error=raw.error)
     if raw.error:

@@ -9,6 +9,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from config.payloads import storable_value
+
 Plan = dict[str, Any]
 RESERVED_SLOTS = ("primary", "review")
 
@@ -103,7 +105,7 @@ def parse_json_object(text: str) -> dict[str, Any] | None:
         candidates.append(fenced.group(1).strip())
     for candidate in candidates:
         try:
-            value = json.loads(candidate)
+            value = storable_value(json.loads(candidate))  # its escapes may spell a NUL or half an emoji
         except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder goes
             continue
         if isinstance(value, dict):
