@@ -6,8 +6,9 @@ from uuid import UUID
 from accounts.models import User
 from agents.orchestrator import steps
 from agents.orchestrator.models import Prompt
+from agents.orchestrator.reads import at_work_under
 from sagas import actions, errors
-from sagas.access import SagaTree, may_manage
+from sagas.access import may_manage
 from sagas.models import Run, Saga
 
 
@@ -39,12 +40,3 @@ def cancel_prompt(*, prompt_id: UUID, by: User) -> Prompt:
         steps.conclude(prompt, Prompt.Status.FAILED, reason=reason)
     prompt.refresh_from_db()
     return prompt
-
-
-def at_work_under(prompt: Prompt) -> list[Run]:
-    """The runs still at work among the lead's delegates and theirs, oldest first."""
-    if prompt.lead_id is None:
-        return []
-    under = SagaTree.shape(prompt.saga).descendants(prompt.lead_id)
-    at_work = Run.objects.filter(collaborator_id__in=under).exclude(status__in=Run.FINISHED)
-    return list(at_work.select_related("collaborator").order_by("created_at", "pk"))

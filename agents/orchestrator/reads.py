@@ -14,6 +14,7 @@ from agents.hooks.models import handled_sql
 from agents.models import AgentProfile, TranscriptEntry
 from agents.orchestrator.models import Brain, Prompt
 from config.sql import columns, db_value, fetch, fetch_later, placeholders, prepared
+from sagas.access import SagaTree
 from sagas.models import AgentRequest, Collaborator, HumanRequest, Run, Saga
 from sagas.remotes import RemoteCall
 
@@ -168,3 +169,12 @@ def last_text(run: Run) -> str:
         if entry.message.get("role") == "assistant" and entry.message.get("content"):
             return str(entry.message["content"])
     return ""
+
+
+def at_work_under(prompt: Prompt) -> list[Run]:
+    """The runs still at work among the lead's delegates and theirs, oldest first."""
+    if prompt.lead_id is None:
+        return []
+    under = SagaTree.shape(prompt.saga).descendants(prompt.lead_id)
+    at_work = Run.objects.filter(collaborator_id__in=under).exclude(status__in=Run.FINISHED)
+    return list(at_work.select_related("collaborator").order_by("created_at", "pk"))

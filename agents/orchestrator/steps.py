@@ -36,7 +36,7 @@ from agents.models import profile_named
 from agents.orchestrator import handoffs, plans, router
 from agents.orchestrator.actions import check_images
 from agents.orchestrator.models import Prompt
-from agents.orchestrator.reads import Outcome, outcomes, read_prompt
+from agents.orchestrator.reads import Outcome, at_work_under, outcomes, read_prompt
 from config.sql import db_value, failed_with, prepared, update
 from journal.actions import record
 from sagas import actions, errors
@@ -400,7 +400,7 @@ def start_all(prompt: Prompt, tasks: dict[str, str], here: "Here") -> None:
     added = actions.add_agents(
         saga=prompt.saga, parent=prompt.lead.handle, by=prompt.lead.user,
         agents=[
-            actions.NewAgent(name=prompt.worker_name(role), role=role, task=task, profile=prompt.brain.roles[role],
+            actions.NewAgent(name=prompt.worker_name(role), role=role, task=task, profile=profile_of(prompt, role),
                              runtime=Collaborator.Runtime.INTERNAL, ring=index > 0)
             for index, (role, task) in enumerate(tasks.items())
         ],
@@ -414,9 +414,16 @@ def start(prompt: Prompt, slot: str, *, role: str, task: str, here: "Here") -> N
     assert prompt.lead is not None
     collaborator, _ = actions.add_agent(
         saga=prompt.saga, name=prompt.worker_name(slot), role=role, task=task, runtime=Collaborator.Runtime.INTERNAL,
-        profile=prompt.brain.roles[role], parent=prompt.lead.handle, by=prompt.lead.user, ring=False,
+        profile=profile_of(prompt, role), parent=prompt.lead.handle, by=prompt.lead.user, ring=False,
     )  # fmt: skip
     here.claim(collaborator.run.pk)
+
+
+def profile_of(prompt: Prompt, role: str) -> str:
+    """The role's profile in the prompt's brain; a brain reloaded without it since refuses the step."""
+    if role not in prompt.brain.roles:
+        raise errors.InvalidState(f"The brain {prompt.brain.name} has no role {role} any more: it was changed since.")
+    return str(prompt.brain.roles[role])
 
 
 class Here(list["Turns"]):
@@ -461,10 +468,14 @@ STEP_MOVED = "AG002"  # the SQLSTATE of agora_step_moved()'s error
 
 
 def fail(prompt: Prompt, frm: str, reason: str, *, settled: list[Outcome] | None = None) -> bool:
+    """The prompt fails with the reason, and whatever it started that is still at work ends with
+    it (a worker left idle by a step that raised would otherwise wait for a step that never comes)."""
     with actions.saga_transaction(prompt.saga):
         if not move(prompt, frm, Step.DONE, status=Prompt.Status.FAILED, reason=reason):
             return False
         settle(prompt, settled or [])
+        for run in at_work_under(prompt):
+            actions.end_run(run=run, status=Run.Status.FAILED, reason=reason, actor=f"agent:{prompt.lead_name}")
         conclude(prompt, Prompt.Status.FAILED, reason=reason)
     return True
 
