@@ -148,7 +148,12 @@ def test_served_over_asgi_the_download_goes_out_batch_by_batch(alice: User, monk
     monkeypatch.setattr(export, "EXPORT_BATCH", 5)
     reads: list[int] = []
     read_batch = export.jsonl_batch
-    monkeypatch.setattr(export, "jsonl_batch", lambda *a, **k: reads.append(k["after"]) or read_batch(*a, **k))
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(kwargs["after"])
+        return read_batch(*args, **kwargs)
+
+    monkeypatch.setattr(export, "jsonl_batch", counted)
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
         "path": f"/api/v1/sagas/{saga.pk}/journal.jsonl", "raw_path": b"", "query_string": b"", "root_path": "",
