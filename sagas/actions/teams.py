@@ -3,6 +3,7 @@ with the team: it idles between tasks instead of finishing, wakes on steering, a
 shutdown (terminal, never woken again). Only the lead or a manager of the saga broadcasts to the
 team or shuts a teammate down."""
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -116,6 +117,14 @@ def configure_team(*, lead: Collaborator, by: User, **budgets: float | None) -> 
     return team
 
 
+def spawn_key(by: User, idempotency_key: str) -> str:
+    """A spawn's Idempotency-Key as its caller's own (the lead's and a manager's never meet), of a
+    length the column holds whatever the key's; "" without one."""
+    if not idempotency_key:
+        return ""
+    return hashlib.sha256(f"{by.pk}:{idempotency_key}".encode()).hexdigest()
+
+
 @transaction.atomic
 def spawn_teammate(
     *, lead: Collaborator, name: str, role: str, prompt: str, profile: str, by: User, idempotency_key: str = ""
@@ -130,9 +139,10 @@ def spawn_teammate(
         raise errors.NotTeamLead(f"Only {lead.handle} or a manager of the saga spawns its teammates.")
     if Run.objects.filter(collaborator=lead, team__isnull=False).exists():  # its team's caps would not hold
         raise errors.NotTeamLead(f"{lead.handle} is a teammate: a team has one lead, and teammates lead none.")
+    key = spawn_key(by, idempotency_key)
     team = Team.objects.filter(lead=lead).select_related("lead", "saga").first()
-    if team is not None and idempotency_key:
-        first = Run.objects.filter(team=team, spawn_key=idempotency_key).select_related("collaborator").first()
+    if team is not None and key:
+        first = Run.objects.filter(team=team, spawn_key=key).select_related("collaborator").first()
         if first is not None:
             mate = first.collaborator
             if (mate.name, mate.role, mate.task, mate.profile) != (name, role, prompt, profile):
@@ -151,8 +161,8 @@ def spawn_teammate(
         saga=saga, name=name, role=role, task=prompt, runtime=Collaborator.Runtime.INTERNAL, profile=profile,
         parent=lead.handle, by=by,
     )  # fmt: skip
-    Run.objects.filter(collaborator=mate).update(team=team, spawn_key=idempotency_key, resumable=False)
-    mate.run.team, mate.run.spawn_key, mate.run.resumable = team, idempotency_key, False
+    Run.objects.filter(collaborator=mate).update(team=team, spawn_key=key, resumable=False)
+    mate.run.team, mate.run.spawn_key, mate.run.resumable = team, key, False
     record(
         saga_id=saga.pk,
         type="team.spawned",

@@ -126,6 +126,17 @@ def test_a_lead_spawns_reads_its_roster_and_inbox_broadcasts_and_shuts_down_over
     assert later["recipients"] == ["agent:ben"]
 
 
+def test_a_spawns_idempotency_key_is_its_callers(team: Team, alice: User) -> None:
+    """The lead's "s1" and a manager's "s1" are two keys: each replays only its own spawn."""
+    body = {"role": "Researcher", "profile": profile_named("mate"), "prompt": "Survey the clients."}
+    lead, manager = client_for(team.user("lead"), "Bearer"), client_for(alice)
+    ann = lead.post(url(team, "teammates/"), {**body, "name": "ann"}, format="json", HTTP_IDEMPOTENCY_KEY="s1")
+    carl = manager.post(url(team, "teammates/"), {**body, "name": "carl"}, format="json", HTTP_IDEMPOTENCY_KEY="s1")
+    again = manager.post(url(team, "teammates/"), {**body, "name": "carl"}, format="json", HTTP_IDEMPOTENCY_KEY="s1")
+    assert (ann.status_code, carl.status_code, again.status_code) == (201, 201, 200)
+    assert (ann.json()["id"], carl.json()["id"], again.json()["id"]) == ("agent:ann", "agent:carl", "agent:carl")
+
+
 def test_only_the_lead_or_a_manager_directs_a_team(team: Team, alice: User, bob: User, mallory: User) -> None:
     spawn(team, "ann")
     ann = team["ann"]
