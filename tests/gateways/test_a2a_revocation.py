@@ -19,11 +19,8 @@ pytestmark = pytest.mark.integration
 HEADERS = {"A2A-Version": "1.0", "Content-Type": "application/json"}
 
 
-def call(method: str, params: dict[str, object]) -> dict[str, object]:
-    return {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
-
-
-@pytest.mark.parametrize(
+# What authorized a caller, withdrawn: its token revoked, or the agent no longer exposed.
+WITHDRAWALS = pytest.mark.parametrize(
     "withdraw",
     [
         lambda cast, alice: actions.revoke_agent_token(saga=cast.saga, handle="agent:ext", by=alice),
@@ -31,6 +28,13 @@ def call(method: str, params: dict[str, object]) -> dict[str, object]:
     ],
     ids=["token revoked", "exposure withdrawn"],
 )
+
+
+def call(method: str, params: dict[str, object]) -> dict[str, object]:
+    return {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+
+
+@WITHDRAWALS
 def test_a_stream_ends_once_its_authorization_is_withdrawn(
     web_server: WebServer, cast: Cast, alice: User, withdraw: Callable[[Cast, User], object]
 ) -> None:
@@ -59,14 +63,7 @@ def test_a_stream_ends_once_its_authorization_is_withdrawn(
     assert "error" in events[-1] and "after" not in json.dumps(events)
 
 
-@pytest.mark.parametrize(
-    "withdraw",
-    [
-        lambda cast, alice: actions.revoke_agent_token(saga=cast.saga, handle="agent:ext", by=alice),
-        lambda cast, alice: actions.set_exposed(saga=cast.saga, handle="agent:slow", exposed=False, by=alice),
-    ],
-    ids=["token revoked", "exposure withdrawn"],
-)
+@WITHDRAWALS
 def test_a_blocking_send_gets_no_reply_once_its_authorization_is_withdrawn(
     web_server: WebServer, cast: Cast, alice: User, withdraw: Callable[[Cast, User], object]
 ) -> None:
