@@ -43,8 +43,8 @@ def text_problem(text: str) -> str | None:
 
 
 def check_storable(value: Any, *, where: str = "payload") -> None:
-    """Raise Unstorable unless value nests at most `AGORA_MAX_JSON_DEPTH` deep, all its strings
-    (keys included) are storable and all its numbers finite (no JSON column holds NaN). Iterative,
+    """Raise Unstorable unless value nests at most `AGORA_MAX_JSON_DEPTH` deep, all its keys are
+    text, all its strings (keys included) are storable and all its numbers finite (no JSON column holds NaN). Iterative,
     so that a deep value cannot exhaust the stack here."""
     limit = max_depth()
     stack: list[tuple[Any, int, str]] = [(value, 0, where)]
@@ -60,7 +60,9 @@ def check_storable(value: Any, *, where: str = "payload") -> None:
                 raise Unstorable(f"{path} nests deeper than {limit} levels.")
             if isinstance(item, dict):
                 for key, child in item.items():
-                    if isinstance(key, str) and (problem := text_problem(key)):
+                    if not isinstance(key, str):  # JSON's never are; YAML's may be
+                        raise Unstorable(f"Keys are text: {key!r} is not (in {path}).")
+                    if problem := text_problem(key):
                         raise Unstorable(f"A key in {path} {problem}.")
                     stack.append((child, depth + 1, f"{path}.{key}"))
             else:
