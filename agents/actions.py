@@ -1,3 +1,4 @@
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -11,28 +12,33 @@ class InvalidProfiles(ValueError):
     pass
 
 
+def text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 # What each key of a profile holds, checked before the model sees it (a text field would store a
 # list as its repr, a list field would take a string as its letters).
-TEXT, NAMES = (str,), "names"
-PROFILE_TYPES: dict[str, Any] = {
-    "name": TEXT, "role": TEXT, "system_prompt": TEXT, "model": TEXT, "endpoint": TEXT,
-    "tools": NAMES, "fallback_models": NAMES, "requires": NAMES, "mcp_servers": NAMES,
-    "model_capabilities": "capabilities", "resumable": (bool,), "max_turns": (int,), "max_tokens": (int,),
+PROFILE_TYPES: dict[str, Callable[[Any], bool]] = {
+    "name": text, "role": text, "system_prompt": text, "model": text, "endpoint": text,
+    "tools": names, "fallback_models": names, "requires": names, "mcp_servers": names,
+    "model_capabilities": lambda value: isinstance(value, dict) and all(names(v) for v in value.values()),
+    "resumable": lambda value: isinstance(value, bool),
+    "max_turns": whole, "max_tokens": whole,
 }  # fmt: skip
 
 
 def repeated_name(entries: list[dict[str, Any]]) -> Any:
     """The first name given to two entries of one file, if any: loading both would keep the last."""
-    names = [entry.get("name") for entry in entries]
-    return next((name for i, name in enumerate(names) if name in names[:i]), None)
-
-
-def holds(kind: Any, value: Any) -> bool:
-    if kind == NAMES:
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-    if kind == "capabilities":
-        return isinstance(value, dict) and all(holds(NAMES, v) for v in value.values())
-    return isinstance(value, kind) and not (kind == (int,) and isinstance(value, bool))
+    given = [entry.get("name") for entry in entries]
+    return next((name for i, name in enumerate(given) if name in given[:i]), None)
 
 
 @transaction.atomic
@@ -48,7 +54,7 @@ def load_profiles(*, entries: Any) -> tuple[int, int]:
             raise InvalidProfiles(f"Profile {entry.get('name', '?')!r} lacks {', '.join(sorted(missing))}.")
         if unknown := set(entry) - PROFILE_FIELDS:
             raise InvalidProfiles(f"Profile {entry['name']!r} has unknown keys: {', '.join(sorted(unknown))}.")
-        if wrong := sorted(key for key, value in entry.items() if not holds(PROFILE_TYPES[key], value)):
+        if wrong := sorted(key for key, value in entry.items() if not PROFILE_TYPES[key](value)):
             raise InvalidProfiles(
                 f"Profile {entry['name']!r}: wrong type for {', '.join(wrong)} (names and model ids are text; tools, "
                 "fallback_models, requires and mcp_servers lists of them; model_capabilities maps a model to a list)."
