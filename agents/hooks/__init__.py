@@ -4,7 +4,7 @@ artifacts" for the handler file and the interface."""
 
 from agents.hooks.events import Event
 from agents.hooks.lifecycle import PreparedPrompt, hook_key, prepare_prompt
-from agents.hooks.runner import HookOutcome, HooksOutsideWorker, run_hooks, stored_outcome
+from agents.hooks.runner import HookOutcome, HooksOutsideWorker, longest_run, run_hooks, stored_outcome
 
 __all__ = [
     "Event",
@@ -12,6 +12,7 @@ __all__ = [
     "HooksOutsideWorker",
     "PreparedPrompt",
     "hook_key",
+    "longest_run",
     "prepare_prompt",
     "run_hooks",
     "stored_outcome",

@@ -119,10 +119,11 @@ class Prompt(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     step = models.CharField(max_length=16, choices=Step.choices, default=Step.ROUTING)
     plan = models.JSONField(null=True, blank=True)
-    routing_until = models.DateTimeField(
+    step_until = models.DateTimeField(
         null=True,
         blank=True,
-        help_text="Who routes holds this lease: a doorbell meanwhile does not ask the router again.",
+        help_text="Who runs the step's slow part (the router, hooks) holds this lease: a doorbell meanwhile "
+        "does not run it again.",
     )
     results = models.JSONField(default=list, blank=True, help_text="Each support worker's WorkerResult.")
     mcp = models.JSONField(

@@ -13,31 +13,29 @@ Lifecycle hooks wrap the steps, always before the step's transaction (a handler 
 timeout): SessionStart, reference expansion and UserPromptSubmit before routing, SubagentStop once
 a worker's result is in, Stop before the prompt ends. SubagentStart runs in each support worker's
 own task, before its first model call (`starts`), so that the workers' hooks run side by side.
-Each run is keyed (`hook_key`), so a step run again finds the finished handlers stored.
+Each run is keyed (`hook_key`), so a step run again finds the finished handlers stored, and a
+step holds a lease while its hooks run, so that none runs twice at once (`hooking`).
 """
 
 import json
 import logging
 from collections.abc import Callable
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from django.utils import timezone
 
 from agents import references
-from agents.hooks import Event, PreparedPrompt, hook_key, prepare_prompt, run_hooks
-from agents.hooks.lifecycle import FEEDBACK_HEADING
-from agents.hooks.models import handlers_for
+from agents.hooks import Event, PreparedPrompt, prepare_prompt
 from agents.images import ARTIFACT
 from agents.mcp import runtime as mcp
 from agents.models import profile_named
 from agents.orchestrator import handoffs, plans, router
 from agents.orchestrator.actions import check_images
+from agents.orchestrator.hooking import claim_routing, hold_for_hooks, stop_feedback, subagent_stop
 from agents.orchestrator.models import Prompt
 from agents.orchestrator.reads import Outcome, at_work_under, outcomes, read_prompt
-from config.sql import db_value, failed_with, prepared, update
+from config.sql import failed_with, update
 from journal.actions import record
 from sagas import actions, errors
 from sagas.models import Collaborator, Run
@@ -157,6 +155,9 @@ def workers(prompt: Prompt, here: "Here") -> bool:
         if outcome.blocked:  # its SubagentStart hook refused it: the plan says so, with the reason
             worker["blocked"] = outcome.error
         done.append((worker, outcome))
+    stops = {Event.SUBAGENT_STOP: sum(not o.failed for _, o in done), Event.STOP: int(prompt.is_team)}
+    if not hold_for_hooks(prompt, Step.WORKERS, stops):
+        return False  # another task is running its hooks
 
     def resolve(names: list[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
         return references.resolve_artifacts(saga=prompt.saga, names=names)
@@ -207,6 +208,8 @@ def primary(prompt: Prompt, here: "Here") -> bool:
     plan, brain = prompt.plan or {}, prompt.brain
     review = bool(plan.get("requires_review")) and brain.review_role in brain.roles
     review = review and plan.get("primary_role") != brain.review_role
+    if not review and not hold_for_hooks(prompt, Step.PRIMARY, {Event.STOP: 1}):
+        return False
     final = "" if review else stop_feedback(prompt, answer)
     with actions.saga_transaction(prompt.saga):
         if review:
@@ -232,6 +235,8 @@ def primary(prompt: Prompt, here: "Here") -> bool:
 def review(prompt: Prompt, here: "Here") -> bool:
     outcome = outcomes(prompt, ["review"]).get("review")
     if outcome is None:
+        return False
+    if not hold_for_hooks(prompt, Step.REVIEW, {Event.STOP: 1}):
         return False
     verdict = handoffs.gate_review(
         None if outcome.failed else outcome.output, prompt.results, policy=prompt.brain.review_policy
@@ -266,25 +271,7 @@ def review_wanted(brain: Any, text: str) -> bool:
     return bool(routing.review_role) and plans.heuristic_plan(text, routing)["requires_review"]
 
 
-def claim_routing(prompt: Prompt) -> bool:
-    """A lease on the router call, so that the periodic resume does not ask the router again while
-    a slow router is still answering."""
-    now = timezone.now()
-    lease = now + timedelta(seconds=settings.AGORA_ROUTING_LEASE_S)
-    params = [db_value(Prompt, "routing_until", lease), db_value(Prompt, "id", prompt.pk), Step.ROUTING.value,
-              db_value(Prompt, "routing_until", now)]  # fmt: skip
-    with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_ROUTING_SQL, params)
-        return bool(cursor.rowcount)
-
-
-_CLAIM_ROUTING_SQL = prepared(
-    f"UPDATE {Prompt._meta.db_table} SET routing_until = %s "
-    "WHERE id = %s AND step = %s AND (routing_until IS NULL OR routing_until < %s)"
-)
-
-
-# --- the hooks around the steps (each before its step's transaction) ----------------------------
+# --- what the hooks around the steps decided (each ran before its step's transaction: hooking) -----
 
 
 def end_blocked(prompt: Prompt, entry: PreparedPrompt) -> bool:
@@ -298,39 +285,10 @@ def end_blocked(prompt: Prompt, entry: PreparedPrompt) -> bool:
     return True
 
 
-def hooked(prompt: Prompt, event: Event) -> bool:
-    """Whether the event has handlers for this brain at all: asked once for every worker, rather
-    than once per worker when there are none (and read with the prompt by a step)."""
-    if prompt.hooked_events is not None:
-        return event in prompt.hooked_events
-    return bool(handlers_for(event, brain=prompt.brain.name))
-
-
 def blocked_outcome(worker: dict[str, Any]) -> "Outcome | None":
     """A worker its SubagentStart hook blocked at routing, before that hook ran in the worker's own
     task (a prompt routed before then): failed, with the reason, and no run behind it."""
     return Outcome(None, error=worker["blocked"], failed=True) if worker.get("blocked") else None
-
-
-def subagent_stop(prompt: Prompt, done: list[tuple[dict[str, Any], "Outcome", dict[str, Any]]]) -> None:
-    """SubagentStop after each successful result (no block, no context: it observes)."""
-    for worker, outcome, result in done if hooked(prompt, Event.SUBAGENT_STOP) else []:
-        if outcome.failed:
-            continue
-        run_hooks(
-            saga_id=prompt.saga_id, event=Event.SUBAGENT_STOP, brain=prompt.brain.name, role=worker["role"],
-            key=hook_key(prompt.pk, Event.SUBAGENT_STOP, worker["role"]),
-            payload={"prompt_id": str(prompt.pk), "result": result},
-        )  # fmt: skip
-
-
-def stop_feedback(prompt: Prompt, answer: str) -> str:
-    """Stop, after the primary and the review: its context is appended to the answer as feedback."""
-    outcome = run_hooks(
-        saga_id=prompt.saga_id, event=Event.STOP, brain=prompt.brain.name, key=hook_key(prompt.pk, Event.STOP),
-        payload={"prompt_id": str(prompt.pk), "answer": answer}, hooked=prompt.hooked_events,
-    )  # fmt: skip
-    return f"{answer}\n\n{FEEDBACK_HEADING}\n{outcome.context}" if outcome.context else answer
 
 
 def request_text(prompt: Prompt) -> str:
@@ -449,10 +407,11 @@ def move(prompt: Prompt, frm: str, to: str, **fields: Any) -> bool:
     """The compare-and-set every step ends with; False: another doorbell already moved it. On
     PostgreSQL the step goes on without waiting for the answer: the server fails the step's
     transaction instead (agora_step_moved(), agents/migrations/0007), and take_step() reads that
-    error as this False (moved_first())."""
+    error as this False (moved_first()). The step's lease (hooking.claim_step) ends with it."""
     moved = update(
-        Prompt, {"id": prompt.pk, "step": frm}, or_fail="agora_step_moved", step=to, updated_at=timezone.now(), **fields
-    )
+        Prompt, {"id": prompt.pk, "step": frm}, or_fail="agora_step_moved", step=to, step_until=None,
+        updated_at=timezone.now(), **fields,
+    )  # fmt: skip
     for key, value in fields.items():
         setattr(prompt, key, value)
     prompt.step = to if moved else prompt.step

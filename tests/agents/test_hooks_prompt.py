@@ -13,7 +13,7 @@ from accounts.models import User
 from agents.actions import load_profiles
 from agents.hooks import Event, hook_key, prepare_prompt, run_hooks
 from agents.hooks.actions import load_hooks
-from agents.orchestrator import reads, steps
+from agents.orchestrator import hooking, reads
 from agents.orchestrator.actions import load_brains, submit_prompt
 from sagas import actions
 from sagas.models import Saga
@@ -111,7 +111,7 @@ def test_a_step_reads_the_events_its_brain_has_handlers_for_with_the_prompt_and_
         assert read.submitted_by == alice  # read with it too: routing expands references as they may
         assert read.lead is not None and read.lead.run.collaborator_id == read.lead.pk  # the last step ends it
     assert not with_it.captured_queries
-    assert steps.hooked(read, Event.SUBAGENT_STOP) and not steps.hooked(read, Event.SUBAGENT_START)
+    assert hooking.hooked(read, Event.SUBAGENT_STOP) and not hooking.hooked(read, Event.SUBAGENT_START)
     with CaptureQueriesContext(connection) as queries:
         prepared = prepare_prompt(
             saga=saga, user=alice, prompt_id=read.pk, text=read.text, brain="default", hooked=read.hooked_events

@@ -255,3 +255,62 @@ def test_routing_run_again_after_a_crash_does_not_run_a_finished_hook_twice(
     assert prompt.step == "primary" and prompt.status == "running"
     assert ran.read_text().count("ran") == 1  # stored under its key: not run again
     assert len(hook_events(saga, "hook_session_start")) == 1
+
+
+@pytest.mark.parametrize("event", ["SubagentStop", "Stop"])
+def test_a_doorbell_while_a_steps_hooks_run_leaves_the_step_to_them(
+    event: str, worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User,
+    client_for: Callable[[User], APIClient], tmp_path: Path, settings: LazySettings,
+) -> None:  # fmt: skip
+    """A handler's result is stored once it has finished: a second doorbell while a step's hooks
+    still run (the periodic resume once the step is `AGORA_RERING_S` old, two workers ending
+    together) finds the step's lease held and runs nothing; the task that holds it ends the prompt."""
+    from agents.orchestrator import steps
+
+    settings.AGORA_HOOKS_INLINE = True  # the second doorbell is rung here, in this process
+    ran = tmp_path / "ran"
+    noted = json.dumps({"additional_context": "Noted."})
+    load_hooks(entries=[command("slow", event, "--count", str(ran), "--sleep", "3", "--print", noted)])
+    plan = {"primary_role": "coder", "workers": [], "requires_review": False, "reason": "Small."}
+    fake_llm.script("router-m", say(json.dumps(plan)))
+    fake_llm.script("coder-m", say("", tool_call("finish", {"result": "Use an opaque cursor."})))
+    fake_llm.script("tester-m", say("", tool_call("finish", {"result": {"summary": "Tested."}})))
+    client = client_for(alice)
+    # SubagentStop: the support workers' step (forced roles); Stop: the primary's step.
+    team = ["tester"] if event == "SubagentStop" else []
+    started = submit(client, saga, prompt="Implement the cursor.", brain="fake", team=team)
+    wait_until(ran.exists, timeout=60, what=f"the {event} hook to start")
+
+    steps.advance(started["prompt_id"])  # the second doorbell, while the hook sleeps
+
+    assert ran.read_text() == "ran\n"  # it did not run the hook again
+    body = settled(client, started["prompt_id"])
+    assert body["status"] == "completed", body
+    assert ran.read_text() == "ran\n"
+    journaled = "hook_subagent_stop" if event == "SubagentStop" else "hook_stop"
+    assert [e["handler"] for e in hook_events(saga, journaled)] == ["slow"]
+    if event == "Stop":
+        assert body["final_answer"].endswith("Noted."), body
+
+
+def test_routing_holds_its_lease_for_the_hooks_before_it_too(saga: Saga, alice: User, settings: LazySettings) -> None:
+    """A SessionStart handler may take longer than the router's lease alone: the lease covers the
+    hooks' deadlines as well, so that the periodic resume does not run them again meanwhile."""
+    from django.utils import timezone
+
+    from agents.orchestrator.actions import submit_prompt
+    from agents.orchestrator.hooking import claim_routing
+
+    settings.AGORA_ROUTING_LEASE_S = 60
+    load_hooks(entries=[command("slow", "SessionStart", "--sleep", "1", timeout_s=400),
+                        python("quick", "UserPromptSubmit", "add_context", timeout_s=30)])  # fmt: skip
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement it.", brain="fake")
+    before = timezone.now()
+
+    assert claim_routing(prompt) is True
+
+    prompt.refresh_from_db()
+    assert prompt.step_until is not None
+    # The router's lease, the command's timeout with the grace for its report, the python handler's.
+    lease = (prompt.step_until - before).total_seconds()
+    assert 60 + 405 + 30 <= lease < 60 + 405 + 30 + 5, lease

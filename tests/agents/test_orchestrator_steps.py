@@ -134,14 +134,14 @@ def test_one_routing_at_a_time_until_its_lease_lapses(default_brain: None, saga:
 
     from django.utils import timezone
 
-    from agents.orchestrator import steps
     from agents.orchestrator.actions import submit_prompt
+    from agents.orchestrator.hooking import claim_routing
 
     prompt, _ = submit_prompt(saga=saga, by=alice, text="Do it")
-    assert steps.claim_routing(prompt) is True
-    assert steps.claim_routing(prompt) is False  # a second doorbell meanwhile does not call the router
-    Prompt.objects.filter(pk=prompt.pk).update(routing_until=timezone.now() - timedelta(seconds=1))
-    assert steps.claim_routing(prompt) is True  # the first one's worker died: the lease lapsed
+    assert claim_routing(prompt) is True
+    assert claim_routing(prompt) is False  # a second doorbell meanwhile does not call the router
+    Prompt.objects.filter(pk=prompt.pk).update(step_until=timezone.now() - timedelta(seconds=1))
+    assert claim_routing(prompt) is True  # the first one's worker died: the lease lapsed
 
 
 def test_an_orchestration_whose_saga_finished_ends_at_its_next_step_and_starts_nothing(
