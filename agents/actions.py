@@ -35,10 +35,10 @@ PROFILE_TYPES: dict[str, Callable[[Any], bool]] = {
 }  # fmt: skip
 
 
-def repeated_name(entries: list[dict[str, Any]]) -> Any:
-    """The first name given to two entries of one file, if any: loading both would keep the last."""
-    given = [entry.get("name") for entry in entries]
-    return next((name for i, name in enumerate(given) if name in given[:i]), None)
+def repeated(names: list[Any]) -> Any:
+    """The first of the names of a file's entries (in order) that names two of them, if any:
+    loading both would keep the last."""
+    return next((name for i, name in enumerate(names) if name in names[:i]), None)
 
 
 @transaction.atomic
@@ -46,7 +46,7 @@ def load_profiles(*, entries: Any) -> tuple[int, int]:
     """Create or update profiles by name; all of them or none. Returns (created, updated)."""
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InvalidProfiles("A profiles file holds a list of objects.")
-    if (twice := repeated_name(entries)) is not None:
+    if (twice := repeated([entry.get("name") for entry in entries])) is not None:
         raise InvalidProfiles(f"Profile {twice!r} is in the file twice.")
     created = updated = 0
     for entry in entries:

@@ -6,6 +6,7 @@ from typing import Any
 from django.db import transaction
 from django.utils.module_loading import import_string
 
+from agents.actions import repeated
 from agents.hooks.events import Event
 from agents.hooks.models import HookHandler
 
@@ -28,6 +29,9 @@ def load_hooks(*, entries: Any) -> tuple[int, int]:
     """Create or update handlers by (brain, name); all of them or none. Returns (created, updated)."""
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InvalidHooks("A hooks file holds a list of objects.")
+    if (twice := repeated([(entry.get("brain") or "", entry.get("name")) for entry in entries])) is not None:
+        brain, name = twice
+        raise InvalidHooks(f"Hook {name!r}{f' of brain {brain!r}' if brain else ''} is in the file twice.")
     created = updated = 0
     for entry in entries:
         fields = check_entry(entry)

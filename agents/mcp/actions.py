@@ -2,7 +2,7 @@ from typing import Any
 
 from django.db import transaction
 
-from agents.actions import repeated_name
+from agents.actions import repeated
 from agents.mcp.models import McpServer
 
 SERVER_FIELDS = {f.name for f in McpServer._meta.get_fields()} - {"id", "updated_at"}
@@ -17,7 +17,7 @@ def load_mcp_servers(*, entries: Any) -> tuple[int, int]:
     """Create or update MCP servers by name; all of them or none. Returns (created, updated)."""
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InvalidServers("mcp_servers holds a list of objects.")
-    if (twice := repeated_name(entries)) is not None:
+    if (twice := repeated([entry.get("name") for entry in entries])) is not None:
         raise InvalidServers(f"MCP server {twice!r} is in the file twice.")
     created = updated = 0
     for entry in entries:

@@ -13,7 +13,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
 from accounts.models import User
-from agents.actions import repeated_name
+from agents.actions import repeated
 from agents.orchestrator.models import Brain, Prompt
 from agents.orchestrator.router import vision_roles
 from agents.references import check_references
@@ -183,7 +183,7 @@ def load_brains(*, entries: Any) -> tuple[int, int]:
     shape is checked here; what a brain must be, by `Brain.clean`, as in the admin."""
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InvalidBrains("A brains file holds a list of objects.")
-    if (twice := repeated_name(entries)) is not None:
+    if (twice := repeated([entry.get("name") for entry in entries])) is not None:
         raise InvalidBrains(f"Brain {twice!r} is in the file twice.")
     created = updated = 0
     for entry in entries:

@@ -107,3 +107,17 @@ def test_targets_are_checked_at_load(tmp_path: Path, entry: dict[str, Any], mess
 def test_the_file_is_a_list(tmp_path: Path) -> None:
     with pytest.raises(CommandError, match=r"A hooks file holds a list of objects\."):
         load(write(tmp_path, {"hooks": []}))
+
+
+def test_a_handler_twice_in_one_file_is_refused_and_so_is_the_file(tmp_path: Path) -> None:
+    """A handler is named by its brain and its name: loading both entries would keep the last."""
+    first, again = command("audit", "Stop", "--print", "a"), command("audit", "SubagentStop", "--print", "b")
+    elsewhere = {**command("audit", "Stop", "--print", "c"), "brain": "default"}  # another handler: the brain's
+
+    with pytest.raises(CommandError, match=r"Hook 'audit' is in the file twice\."):
+        load(write(tmp_path, [first, elsewhere, again]))
+    with pytest.raises(CommandError, match=r"Hook 'audit' of brain 'default' is in the file twice\."):
+        load(write(tmp_path, [elsewhere, first, {**elsewhere, "timeout_s": 2}]))
+    assert not HookHandler.objects.exists()
+
+    assert load(write(tmp_path, [first, elsewhere])) == "2 hooks created, 0 updated."
