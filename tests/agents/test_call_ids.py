@@ -48,3 +48,39 @@ def test_reused_repeated_and_missing_call_ids_each_make_their_call(
     assert (
         len(set(called)) == len(called) == 6 and answered == called[:-1]
     )  # each result under its call's id (finish has none)
+
+
+@pytest.mark.parametrize(
+    ("mode", "call_id"),
+    [
+        ("async", "call_" + "x" * 185),  # `<run id>:<call id>` past the idempotency key's 200 characters
+        ("wait", "call_" + "x" * 125),  # past a parked wait's `wait_tool_call_id` (120)
+        ("async", "call\x00one"),  # a NUL: PostgreSQL refuses it in any text column
+    ],
+)
+def test_a_call_id_the_keys_cannot_hold_is_replaced_by_its_digest(
+    saga: Saga, alice: User, model_here: FakeLLM, mode: str, call_id: str
+) -> None:
+    """The provider's id becomes part of the kernel's keys: one they cannot hold failed the turn
+    with a database error on PostgreSQL (the run reclaimed, the model asked again, for ever)."""
+    asking = tool_call("ask_agent", {"to": "agent:peer", "type": "ping", "payload": {}, "mode": mode}, call_id)
+    model_here.script("asker-m", say("", asking), say("", tool_call("finish", {"result": "asked"}, "call_fin")))
+    AgentProfile.objects.create(name="asker", role="Asker", model="asker-m", tools=["ask_agent", "finish"])
+    actions.add_agent(saga=saga, name="peer", role="Peer", task="Answer", runtime="external", by=alice)
+    asker, _ = actions.add_agent(saga=saga, name="asker", role="Asker", task="Ask", runtime="internal",
+                                 profile="asker", by=alice)  # fmt: skip
+
+    run_turn(asker.run.pk)
+
+    (request,) = AgentRequest.objects.filter(sender=asker)
+    transcript = Transcript(asker.run.pk)
+    transcript.read_new()
+    called = next(c["id"] for m in transcript.messages for c in m.get("tool_calls") or [])
+    assert called.startswith("call_") and len(called) == 37 and called != call_id
+    assert request.idempotency_key == f"{asker.run.pk}:{called}"
+    run = Run.objects.get(pk=asker.run.pk)
+    if mode == "wait":
+        assert (run.status, run.wait_tool_call_id) == (Run.Status.WAITING, called)
+    else:
+        assert [m["tool_call_id"] for m in transcript.messages if m["role"] == "tool"] == [called]
+        assert (run.status, run.result) == (Run.Status.COMPLETED, "asked")
