@@ -9,7 +9,6 @@ from typing import Any
 from agents import scripted
 from sagas.models import AgentRequest, SteeringItem
 
-
 # A call's id becomes part of the kernel's keys: a request's idempotency key (`<run id>:<call id>`,
 # 200 characters) and a parked wait's `wait_tool_call_id` (120).
 CALL_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")

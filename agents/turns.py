@@ -253,6 +253,8 @@ class Turns:
         assert tool_call is not None
         outcome = self.mcp.call(tool_call["name"], tool_call["arguments"])
         with self.transaction():
+            if outcome.connected:
+                self.journal("mcp_connect", {"servers": outcome.connected})
             self.journal("mcp_call", outcome.event)
             self.transcript.append(self.turn, [tool_message(tool_call["id"], outcome.result)])
             if self.run_calls(self.interrupted_calls()):

@@ -20,10 +20,11 @@ from typing import Any
 
 from django.db import DatabaseError
 from mcp import MCPError
-from mcp.types import REQUEST_TIMEOUT, CallToolResult, TextContent
+from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, TextContent
 
 from agents.mcp.connections import ConnectFailed, Connection, open_for, pool
 from agents.mcp.models import McpServer
+from config.payloads import MalformedJson, Unstorable, loads, storable_text
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,8 @@ def connect_servers(run_id: str, names: list[str]) -> tuple[dict[str, dict[str, 
         try:
             connection, fresh = pool().connect(run_id, config)
         except (ConnectFailed, FutureTimeout) as exc:
-            report[name] = {"status": "failed", "reason": str(exc) or "no answer in time", "tools": []}
+            # The server's own words, maybe: kept as no column refuses them (a NUL, say).
+            report[name] = {"status": "failed", "reason": storable_text(str(exc)) or "no answer in time", "tools": []}
             changed = True
             continue
         changed = changed or fresh
@@ -106,6 +108,10 @@ def check_servers(key: str, servers: list[str]) -> dict[str, dict[str, Any]]:
             pool().close_run(key)
 
 
+def invalid(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
 def content_of(result: CallToolResult) -> Any:
     """What the model sees of a result: its structured content, else its text, else its blocks."""
     if result.structured_content is not None:
@@ -120,6 +126,7 @@ def content_of(result: CallToolResult) -> Any:
 class CallOutcome:
     result: dict[str, Any]  # the tool's result for the model
     event: dict[str, Any]  # the `mcp_call` journal event's data
+    connected: dict[str, dict[str, Any]] | None = None  # the connection report, for the journal (connect())
 
 
 # The last connection report journaled per run by this process: a server that stays down is
@@ -165,22 +172,24 @@ class RunTools:
         return [offered.schema for offered in (self.offered or {}).values()]
 
     def call(self, name: str, arguments: str) -> CallOutcome:
-        """Make one call, outside any transaction; every failure is a tool error for the model."""
-        self.connect()
+        """Make one call, outside any transaction; every failure is a tool error for the model. The
+        model's arguments are read as a built-in tool's are (tools.execute): JSON no decoder reads
+        or no column stores is refused before the server sees it."""
+        connected = self.connect()  # a task that starts with a call (after a wait, a crash) connects here
         offered = (self.offered or {}).get(name)
         if offered is None:
             error = {"error": {"code": "unknown_tool", "message": f"No tool {name!r} is available to you."}}
-            return CallOutcome(error, {"tool": name, "outcome": "unknown_tool"})
-        event: dict[str, Any] = {"server": offered.server, "tool": offered.tool}
+            return CallOutcome(error, {"tool": storable_text(name), "outcome": "unknown_tool"}, connected)
+        event: dict[str, Any] = {"server": offered.server, "tool": storable_text(offered.tool)}
         try:
-            args = json.loads(arguments or "{}")
-        except json.JSONDecodeError as exc:
-            args = exc
+            args = loads(arguments or "{}", where="arguments")
+        except MalformedJson as exc:
+            return CallOutcome(invalid("invalid_arguments", str(exc)), event | {"outcome": "invalid"}, connected)
+        except Unstorable as exc:
+            return CallOutcome(invalid("invalid_payload", str(exc)), event | {"outcome": "invalid"}, connected)
         if not isinstance(args, dict):
             message = "Arguments must be a JSON object."
-            return CallOutcome(
-                {"error": {"code": "invalid_arguments", "message": message}}, event | {"outcome": "invalid"}
-            )
+            return CallOutcome(invalid("invalid_arguments", message), event | {"outcome": "invalid"}, connected)
         started = time.perf_counter()
         result, outcome = self.attempt(offered, args)
         event |= {
@@ -188,7 +197,7 @@ class RunTools:
             "duration_ms": round((time.perf_counter() - started) * 1000, 1),
             "result_bytes": len(json.dumps(result, ensure_ascii=False, default=str).encode()),
         }
-        return CallOutcome(result, event)
+        return CallOutcome(result, event, connected)
 
     def attempt(self, offered: Offered, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
         config = McpServer.objects.filter(name=offered.server).first()
@@ -204,7 +213,14 @@ class RunTools:
             if exc.code == REQUEST_TIMEOUT:
                 message = f"{offered.tool} did not answer within {config.call_timeout_s:g} s."
                 return {"error": {"code": "timeout", "message": message}}, "timeout"
+            if exc.code == CONNECTION_CLOSED:  # the server went away during the call
+                message = f"MCP server {offered.server} is unavailable: {exc.message}"
+                return {"error": {"code": "unavailable", "message": message}}, "unavailable"
             return {"error": {"code": "mcp_error", "message": exc.message}}, "error"
+        except (ValueError, TypeError) as exc:  # pydantic's ValidationError: the answer is not a tool result
+            logger.warning("MCP server %s: %s answered no tool result: %r", offered.server, offered.tool, exc)
+            message = f"{offered.tool} answered what is not a tool result ({type(exc).__name__})."
+            return {"error": {"code": "tool_error", "message": message}}, "tool_error"
         if result.is_error:
             return {"error": {"code": "tool_error", "message": content_of(result)}}, "tool_error"
         content = content_of(result)
