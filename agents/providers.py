@@ -1,6 +1,7 @@
 """Model providers behind one small interface. A provider raises ProviderError, which says whether
 trying again could help; the fallback loop catches only that."""
 
+import json
 import os
 import ssl
 import time
@@ -107,11 +108,7 @@ def completion_from(model: str, answer: Any) -> Completion:
     content = message.get("content") or ""
     if not isinstance(content, str):
         raise TypeError(f"content is {type(content).__name__}, not text")
-    calls = [
-        {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"].get("arguments") or ""}
-        for c in message.get("tool_calls") or []
-        if c.get("type", "function") == "function"
-    ]
+    calls = [tool_call_of(c) for c in message.get("tool_calls") or [] if c.get("type", "function") == "function"]
     usage = answer.get("usage") or {}
     return Completion(
         model=model,
@@ -120,6 +117,18 @@ def completion_from(model: str, answer: Any) -> Completion:
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),
     )
+
+
+def tool_call_of(call: dict[str, Any]) -> dict[str, str]:
+    """One tool call of a completion: its id, its function's name and its arguments as JSON text
+    (some servers send them as an object); a name or id that is not text is no completion's."""
+    function = call["function"]
+    arguments = function.get("arguments") or ""
+    if isinstance(arguments, dict):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    if not all(isinstance(value, str) for value in (call["id"] or "", function["name"], arguments)):
+        raise TypeError("a tool call's id, name and arguments are text")
+    return {"id": call["id"] or "", "name": function["name"], "arguments": arguments}
 
 
 class ScriptedProvider:

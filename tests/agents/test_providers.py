@@ -48,6 +48,23 @@ def test_no_tools_key_is_sent_without_tools_and_a_message_without_text_reads_as_
     assert "tools" not in fake_llm.calls_for("m")[0]
 
 
+def call_with(*, id: Any = "c1", name: Any = "finish", arguments: Any = "{}") -> Reply:
+    """A completion with one tool call whose fields are as given (a name that is not text, say)."""
+    call = {"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+ODD_CALLS: list[dict[str, Any]] = [{"name": None}, {"name": 7}, {"id": 7}, {"arguments": ["a"]}]
+
+
+def test_arguments_sent_as_an_object_read_as_their_json(provider: OpenAICompatibleProvider, fake_llm: FakeLLM) -> None:
+    fake_llm.script("m", call_with(arguments={"result": "done"}))
+
+    completion = provider.complete(model="m", messages=MESSAGES, tools=TOOLS)
+
+    assert completion.tool_calls == [{"id": "c1", "name": "finish", "arguments": '{"result": "done"}'}]
+
+
 @pytest.mark.parametrize(
     ("reply", "error_class", "retryable"),
     [
@@ -56,6 +73,8 @@ def test_no_tools_key_is_sent_without_tools_and_a_message_without_text_reads_as_
         (MALFORMED, "MalformedResponse", True),  # JSON, not a chat completion
         (NOT_JSON, "MalformedResponse", True),
         ({"role": "assistant", "content": ["not", "text"]}, "MalformedResponse", True),
+        # a tool call whose name, id or arguments are not text
+        *((call_with(**odd), "MalformedResponse", True) for odd in ODD_CALLS),
     ],
 )
 def test_each_failure_is_classed_for_the_fallback_chain(
