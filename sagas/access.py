@@ -268,6 +268,11 @@ E = TypeVar("E")
 HANDLE_PREFIXES = (f"{Collaborator.Kind.AGENT}:", f"{Collaborator.Kind.HUMAN}:")
 
 
+def named_in(data: dict[str, Any]) -> list[Any]:
+    """The collaborators an event's data names besides its parties (see JournalLens)."""
+    return [data.get("id"), data.get("lead"), data.get("teammate")]
+
+
 class JournalLens:
     """What one reader may see of one saga's journal: DESIGN.md §4 applied to events.
 
@@ -276,9 +281,10 @@ class JournalLens:
       `human_request_id` or a `to`) only when the reader is one of its two parties: the sender
       and the recipient of the request, the asker and the addressee of the form, the author and
       the addressee of the message;
-    - any other event when every collaborator it names (its actor, and whoever joined in
-      `collaborator.joined`) is one the reader sees: for an agent, `SagaTree.visible_ids`; for a
-      person, everyone.
+    - a team's broadcast only when the reader sent it, leads the team or is one of its recipients;
+    - any other event when every collaborator it names (its actor, and in its data the `id` of
+      who joined or was exposed, whose token changed, a team's `lead`, a `teammate`) is one the
+      reader sees: for an agent, `SagaTree.visible_ids`; for a person, everyone.
 
     Built once per reader and read per batch of events (a WebSocket keeps one for its life): the
     tree is loaded again only when an event names a collaborator the lens has not met, and the
@@ -310,7 +316,7 @@ class JournalLens:
         if self.everything:
             return list(events)
         fields = [event_fields(e) for e in events]
-        named = {h for _, actor, data in fields for h in (actor, data.get("id"), data.get("to"), data.get("from"))}
+        named = {h for _, actor, data in fields for h in (actor, *named_in(data), data.get("to"), data.get("from"))}
         if any(isinstance(h, str) and h.startswith(HANDLE_PREFIXES) and h not in self.known for h in named):
             self.load_tree()  # someone joined since the lens was built
         self.read_parties(fields)
@@ -322,8 +328,7 @@ class JournalLens:
         parties = self.parties_of(type_, actor, data)
         if parties is not None:
             return bool(self.me) and self.me in parties
-        subjects = [actor, data.get("id")] if type_ == "collaborator.joined" else [actor]
-        return all(self.may_see(h) for h in subjects)
+        return all(self.may_see(h) for h in (actor, *named_in(data)))
 
     def may_see(self, handle: Any) -> bool:
         if not isinstance(handle, str) or not handle.startswith(HANDLE_PREFIXES):
@@ -339,12 +344,15 @@ class JournalLens:
         return None
 
     def parties_of(self, type_: str, actor: str, data: dict[str, Any]) -> frozenset[str] | None:
-        """The two parties of a request, form or message event; None for any other event."""
+        """The parties of a request, form or message event (its two ends), or of a broadcast (its
+        sender, its lead and its recipients); None for any other event."""
         key = self.party_key(data)
         if key is not None:
             return self.parties.get(key, frozenset())  # unknown (never in this saga): nobody's
         if "to" in data:
             return frozenset({actor, str(data["to"])})
+        if type_ == "team.broadcast":
+            return frozenset({actor, str(data.get("lead")), *map(str, data.get("recipients") or [])})
         return None
 
     def read_parties(self, fields: list[tuple[str, str, dict[str, Any]]]) -> None:

@@ -23,12 +23,24 @@ from config.asgi import application
 from journal.actions import record
 from journal.models import JournalEvent
 from sagas.access import JournalLens
-from sagas.actions import add_agent, answer_human_request, ask_agent, ask_human, consume_steering, reply_to_request
+from sagas.actions import (
+    add_agent,
+    answer_human_request,
+    ask_agent,
+    ask_human,
+    broadcast,
+    consume_steering,
+    reply_to_request,
+    revoke_agent_token,
+    rotate_agent_token,
+    set_exposed,
+    spawn_teammate,
+)
 from sagas.models import Saga
 from tests.journal.test_consumer import ORIGIN, TIMEOUT
 from tests.sagas.api_http import client_for
 from tests.sagas.conftest import build_team
-from tests.sagas.kernel import Team
+from tests.sagas.kernel import Team, profile_named
 
 SECRETS = ("agent:reviewer", "review-secret", "reply-secret", "Budget sign-off", "hreq-")
 
@@ -121,6 +133,49 @@ def test_a_lens_meets_collaborators_who_join_after_it(alice: User, bob: User) ->
     joined = {e["data"]["id"] for e in lens.visible(all_events(team.saga)) if e["type"] == "collaborator.joined"}
 
     assert "agent:tester" in joined and "agent:reviewer" not in joined
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("fast_passwords")
+def test_a_managers_event_about_a_collaborator_is_seen_only_by_who_sees_it(alice: User, bob: User) -> None:
+    """Exposing an agent, rotating or revoking its token: the actor is a manager, whom everyone
+    sees; the event names the agent (`id`), which a hub delegate's sibling must not learn of."""
+    team = build_team(owner=alice, policy=Saga.Policy.HUB, humans=[bob])
+    set_exposed(saga=team.saga, handle="agent:reviewer", exposed=True, by=alice)
+    rotate_agent_token(saga=team.saga, handle="agent:reviewer", by=alice)
+    revoke_agent_token(saga=team.saga, handle="agent:reviewer", by=alice)
+    everything = all_events(team.saga)
+    about = ["collaborator.exposed", "collaborator.token_rotated", "collaborator.token_revoked"]
+
+    def seen(user: User) -> list[str]:
+        return [e["type"] for e in JournalLens(user, team.saga).visible(everything) if e["type"] in about]
+
+    assert seen(team.user("coder")) == []  # reviewer is its sibling under hub
+    assert seen(team.user("lead")) == seen(bob) == about  # its delegator; a person sees everyone
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("fast_passwords")
+def test_a_teams_events_are_seen_by_who_sees_its_teammates_and_its_broadcast_by_its_parties(
+    alice: User, bob: User
+) -> None:
+    """Under `tree` scout sees its sibling lead but not lead's delegates: not a teammate lead
+    spawns (`team.spawned` names it), nor what lead broadcasts to its teammates."""
+    team = build_team(owner=alice, policy=Saga.Policy.TREE, humans=[bob])
+    lead = team["lead"]
+    spawn_teammate(lead=lead, name="mate", role="Mate", prompt="p", profile=profile_named("mate"), by=lead.user)
+    broadcast(lead=lead, content={"brief": "for-teammates-only"}, by=lead.user)
+    everything = all_events(team.saga)
+
+    def seen(user: User) -> str:
+        visible = JournalLens(user, team.saga).visible(everything)
+        return json.dumps([e for e in visible if e["type"].startswith("team.")])
+
+    assert "agent:mate" not in seen(team.user("scout")) and "for-teammates-only" not in seen(team.user("scout"))
+    assert "for-teammates-only" not in seen(bob)  # a person sees the spawn, not a broadcast he is not party to
+    assert "agent:mate" in seen(bob)
+    for party in ("lead", "mate"):
+        assert "for-teammates-only" in seen(team.user(party))
 
 
 # --- every reader ----------------------------------------------------------------------------------
