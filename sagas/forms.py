@@ -27,9 +27,11 @@ def check_schema(fields: Any) -> list[dict[str, Any]]:
             problems[where] = ["Must be an object."]
             continue
         name, kind = field.get("name"), field.get("type", "text")
-        choices = field.get("choices") or []
+        choices, required = field.get("choices") or [], field.get("required", True)
         if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in names:
             problems[where] = ["A unique identifier `name` is required."]
+        elif not isinstance(required, bool):  # "false" would read as true
+            problems[where] = ["required is true or false."]
         elif kind not in FIELD_TYPES:
             problems[where] = [f"type must be one of {', '.join(FIELD_TYPES)}."]
         elif kind in ("choice", "multichoice") and (
@@ -43,7 +45,7 @@ def check_schema(fields: Any) -> list[dict[str, Any]]:
                     "name": name,
                     "label": str(field.get("label") or name),
                     "type": kind,
-                    "required": bool(field.get("required", True)),
+                    "required": required,
                     "choices": choices if kind in ("choice", "multichoice") else [],
                 }
             )
@@ -97,6 +99,8 @@ def convert(field: dict[str, Any], value: Any) -> Any:
             number = float(value)
         except (TypeError, ValueError):
             raise ValueError("Enter a number.") from None
+        except OverflowError:  # an integer past any float: JSON has them
+            raise ValueError("Enter a finite number.") from None
         if number != number or number in (float("inf"), float("-inf")):
             raise ValueError("Enter a finite number.")
         return number

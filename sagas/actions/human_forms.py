@@ -67,13 +67,16 @@ def answer_human_request(*, human_request_id: str, answer: Any, by: User) -> Hum
     lock_saga(human_request.saga_id)
     if human_request.addressee.user_id != by.pk:
         raise errors.Forbidden("Only the person it is addressed to answers a form.")
-    clean = forms.check_answer(human_request.fields, answer)
-    if not HumanRequest.objects.filter(pk=human_request.pk, status=HumanRequest.Status.PENDING).update(
-        status=HumanRequest.Status.ANSWERED, answer=clean, answered_by=by, answered_at=timezone.now()
-    ):
-        if HumanRequest.objects.filter(pk=human_request.pk, status=HumanRequest.Status.CANCELLED).exists():
-            raise errors.RequestClosed(f"{human_request_id} was withdrawn: its asker or its saga has ended.")
+    # Read again under the lock: a form closed meanwhile says so, whatever the answer.
+    status = HumanRequest.objects.filter(pk=human_request.pk).values_list("status", flat=True).get()
+    if status == HumanRequest.Status.CANCELLED:
+        raise errors.RequestClosed(f"{human_request_id} was withdrawn: its asker or its saga has ended.")
+    if status != HumanRequest.Status.PENDING:
         raise errors.AlreadyAnswered(f"{human_request_id} was already answered.")
+    clean = forms.check_answer(human_request.fields, answer)
+    HumanRequest.objects.filter(pk=human_request.pk, status=HumanRequest.Status.PENDING).update(
+        status=HumanRequest.Status.ANSWERED, answer=clean, answered_by=by, answered_at=timezone.now()
+    )
     human_request.refresh_from_db()
     push_steering(
         recipient=human_request.asker, kind=SteeringItem.Kind.HUMAN_RESPONSE, sender=human_request.addressee.handle,

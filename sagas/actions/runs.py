@@ -42,7 +42,8 @@ def finish_run(
     *, run: Run, status: str, result: Any = None, error: str = "", actor: str | None = None, worker: str = ""
 ) -> bool:
     """A run's terminal transition. Every open request addressed to it becomes
-    `recipient_unavailable` in the same transaction, and each sender is told. `worker`: the node
+    `recipient_unavailable` in the same transaction, and each sender is told; the forms its agent
+    asked that wait for an answer are withdrawn (no answer would reach it). `worker`: the node
     name of the worker whose turn ended the run, if one did."""
     collaborator = run.collaborator
     lock_saga(collaborator.saga_id)
@@ -51,9 +52,12 @@ def finish_run(
     # Plain statements (config.sql): every prompt's worker ends here. The compare-and-set goes with
     # the read of the requests it strands (one message on PostgreSQL), which is read for nothing if
     # another ending came first.
-    finished = found_later(_FINISH_SQL, [status, db_value(Run, "result", result), error, run.pk, *_UNFINISHED])
+    finished = rows_later(
+        _FINISH_SQL, [status, db_value(Run, "result", result), error, run.pk, *_UNFINISHED, collaborator.pk]
+    )
     stranded = fetch(_STRANDED_SQL, [collaborator.pk], AgentRequest, Collaborator, Collaborator)
-    if not finished():
+    ended = finished()
+    if not ended:
         return False
     data = {"result": result, "error": error}
     if worker:
@@ -65,6 +69,9 @@ def finish_run(
     for request, request.sender, request.recipient in stranded:
         if settle(request, Status.RECIPIENT_UNAVAILABLE, error=gone):
             close_request(request, actor=collaborator.handle, notify_recipient=False)
+    ((_, asking),) = ended
+    if asking:  # rare: most runs end with no form open, and learn it with the compare-and-set
+        cancel_forms(HumanRequest.objects.filter(asker=collaborator), actor=actor or collaborator.handle)
     record(
         saga_id=collaborator.saga_id,
         type=f"run.{status}",
@@ -78,7 +85,7 @@ def finish_run(
 def end_run(*, run: Run, status: str, reason: str, actor: str) -> bool:
     """finish_run() for a run ended from outside it (a teammate shut down, a prompt cancelled), in
     the caller's transaction under the saga lock; then what its agent was still waiting for: the
-    requests it sent are cancelled, the forms it asked withdrawn."""
+    requests it sent are cancelled (finish_run() withdrew its forms)."""
     if not finish_run(run=run, status=status, error=reason, actor=actor):
         return False
     agent = run.collaborator
@@ -87,7 +94,6 @@ def end_run(*, run: Run, status: str, reason: str, actor: str) -> bool:
     ):
         if settle(request, Status.CANCELLED):
             close_request(request, actor=agent.handle, notify_recipient=True)
-    cancel_forms(HumanRequest.objects.filter(asker=agent), actor=actor)
     return True
 
 
@@ -96,7 +102,10 @@ _OPEN_REQUESTS = [status.value for status in AgentRequest.OPEN]
 _FINISH_SQL = prepared(
     f"UPDATE {Run._meta.db_table} SET status = %s, result = %s, error = %s, lease_until = NULL, "
     "waiting_on_id = NULL, waiting_on_remote_id = NULL, wait_until = NULL "
-    f"WHERE id = %s AND status IN ({placeholders(len(_UNFINISHED))}) RETURNING id"
+    f"WHERE id = %s AND status IN ({placeholders(len(_UNFINISHED))}) "
+    # whether its agent asked forms still waiting for an answer (finish_run() withdraws them)
+    f"RETURNING id, EXISTS (SELECT 1 FROM {HumanRequest._meta.db_table} h WHERE h.asker_id = %s "
+    f"AND h.status = '{HumanRequest.Status.PENDING.value}')"
 )
 # A finished run waits on nothing: its requests' wait edges end (the waits-for graph, check_no_cycle).
 _END_WAITS_SQL = (

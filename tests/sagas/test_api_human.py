@@ -131,7 +131,60 @@ def test_forms_go_to_the_owner_by_default_and_are_checked(team: Team, alice: Use
         "invalid_payload",
     )
     problem(coder.post(path, {"title": "x", "fields": []}, format="json"), 400, "invalid_payload")
+    optional = [{"name": "notes", "type": "text", "required": "false"}]  # a string would read as required
+    problem(coder.post(path, {"title": "x", "fields": optional}, format="json"), 400, "invalid_payload")
     problem(coder.post(path, {"title": "x", "fields": FIELDS, "to": "agent:lead"}, format="json"), 404, "not_found")
     problem(client_for(alice).post(path, {"title": "x", "fields": FIELDS}, format="json"), 403, "forbidden")
     problem(client_for(alice).get("/api/v1/human-requests/?status=lost"), 400, "invalid_payload")
     assert HumanRequest.objects.count() == 1
+
+
+def ask(team: Team, fields: list[dict[str, object]]) -> str:
+    coder = client_for(team.user("coder"), "Bearer")
+    asked = coder.post(f"/api/v1/sagas/{team.saga.pk}/human-requests/",
+                       {"to": "human:bob", "title": "Q", "fields": fields}, format="json")  # fmt: skip
+    assert asked.status_code == 201, asked.content
+    return str(asked.data["human_request_id"])
+
+
+def test_a_number_past_any_float_is_refused_as_no_number(team: Team, bob: User) -> None:
+    hid = ask(team, [{"name": "budget", "type": "number"}])
+    body = b'{"answer": {"budget": 1' + b"0" * 400 + b"}}"  # JSON has integers that big
+
+    answered = client_for(bob).post(f"/api/v1/human-requests/{hid}/answer/", body, content_type="application/json")
+
+    problem(answered, 400, "invalid_payload")
+    assert answered.data["errors"] == {"budget": ["Enter a finite number."]}
+    assert HumanRequest.objects.get(pk=hid).status == "pending"
+
+
+def test_a_form_whose_asker_finished_is_withdrawn(team: Team, bob: User) -> None:
+    """No answer would reach an agent whose run has ended: its forms leave the inbox, and an
+    answer is refused as for a form its saga's end withdrew."""
+    hid = ask(team, [{"name": "ok", "type": "boolean"}])
+    coder = client_for(team.user("coder"), "Bearer")
+
+    done = coder.post(f"/api/v1/runs/{team.run('coder').pk}/status/", {"status": "finished"}, format="json")
+
+    assert done.status_code == 200, done.content
+    assert HumanRequest.objects.get(pk=hid).status == "cancelled"
+    as_bob = client_for(bob)
+    assert as_bob.get("/api/v1/human-requests/?status=pending").data["human_requests"] == []
+    problem(as_bob.post(f"/api/v1/human-requests/{hid}/answer/", {"answer": {"ok": True}}, format="json"), 409,
+            "request_closed")  # fmt: skip
+    assert SteeringItem.objects.filter(kind=SteeringItem.Kind.HUMAN_RESPONSE).count() == 0
+
+
+@pytest.mark.parametrize("answer", [{"ok": True}, {}, {"ok": "maybe"}])
+def test_a_closed_form_says_so_whatever_the_answer(team: Team, bob: User, answer: dict[str, object]) -> None:
+    """A withdrawn form is `request_closed`, an answered one `already_answered`, before the answer
+    is read: an answer that does not fit it names no fields of a form nobody may answer."""
+    withdrawn, answered = ask(team, [{"name": "ok", "type": "boolean"}]), ask(team, [{"name": "ok", "type": "boolean"}])
+    as_bob = client_for(bob)
+    assert as_bob.post(f"/api/v1/human-requests/{answered}/answer/", {"answer": {"ok": False}},
+                       format="json").status_code == 200  # fmt: skip
+    HumanRequest.objects.filter(pk=withdrawn).update(status=HumanRequest.Status.CANCELLED)
+
+    for hid, code in ((withdrawn, "request_closed"), (answered, "already_answered")):
+        problem(as_bob.post(f"/api/v1/human-requests/{hid}/answer/", {"answer": answer}, format="json"), 409, code)
+    assert HumanRequest.objects.get(pk=answered).answer == {"ok": False}
