@@ -264,13 +264,15 @@ def addressed_form(saga: Saga, user: Any, human_request_id: str) -> HumanRequest
 
 
 def answer_from_post(human_request: HumanRequest, data: Any) -> dict[str, Any]:
-    """The submitted values of a form's own fields (a multichoice is a list); nothing else."""
+    """The submitted values of a form's own fields (a multichoice is a list); nothing else. Each
+    input is named `field.<name>` on the page, so that no field's name meets the page's own
+    inputs (a field named `csrfmiddlewaretoken` would be posted twice, and refused)."""
     answer: dict[str, Any] = {}
     for f in human_request.fields:
         if f["type"] == "multichoice":
-            answer[f["name"]] = data.getlist(f["name"])
+            answer[f["name"]] = data.getlist(f"field.{f['name']}")
         else:
-            answer[f["name"]] = data.get(f["name"])
+            answer[f["name"]] = data.get(f"field.{f['name']}")
     return answer
 
 

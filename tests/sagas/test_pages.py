@@ -142,8 +142,8 @@ def test_saga_page_shows_tree_journal_requests_and_inbox(cast: Cast, alice: User
 
     # the inbox: the form, rendered from its schema
     assert f'data-form-id="{cast.form.pk}"' in html
-    assert 'name="count"' in html and 'type="date"' in html
-    assert 'name="notify" value="true"' in html and 'name="channel" value="slack"' in html
+    assert 'name="field.count"' in html and 'type="date"' in html
+    assert 'name="field.notify" value="true"' in html and 'name="field.channel" value="slack"' in html
     assert reverse("sagas:answer", args=[cast.saga.pk, cast.form.pk]) in html
 
     # manager tools
@@ -174,7 +174,7 @@ def test_an_outsider_gets_404_for_everything_under_the_saga(cast: Cast, mallory:
         assert response.status_code == 404, url
         assert b"Migrate the API" not in response.content
     posts = {
-        reverse("sagas:answer", args=[saga_id, cast.form.pk]): {"count": "3"},
+        reverse("sagas:answer", args=[saga_id, cast.form.pk]): {"field.count": "3"},
         reverse("sagas:steer", args=[saga_id]): {"to": "agent:coder", "message": "psst"},
         reverse("sagas:add-agent", args=[saga_id]): {"name": "mole", "runtime": "external"},
         reverse("sagas:add-person", args=[saga_id]): {"username": "mallory"},
@@ -290,11 +290,16 @@ def test_a_run_coming_to_rest_is_journaled_and_shown(alice: User) -> None:
 # --- answering forms ---------------------------------------------------------------------------
 
 
+def fields(**values: str) -> dict[str, str]:
+    """A form's answer as the page posts it: each input named `field.<name>`."""
+    return {f"field.{name}": value for name, value in values.items()}
+
+
 def test_answer_form_shows_field_errors_then_accepts_once(cast: Cast, alice: User) -> None:
     client = client_for(alice)
     url = reverse("sagas:answer", args=[cast.saga.pk, cast.form.pk])
 
-    rejected = client.post(url, {"count": "a dozen", "deadline": "2026-02-30"})
+    rejected = client.post(url, fields(count="a dozen", deadline="2026-02-30"))
     assert rejected.status_code == 400
     html = rejected.content.decode()
     assert "Enter a whole number." in field_block(html, "count")
@@ -304,7 +309,7 @@ def test_answer_form_shows_field_errors_then_accepts_once(cast: Cast, alice: Use
     assert "field-error" not in field_block(html, "channel")  # optional, left empty
     assert HumanRequest.objects.get(pk=cast.form.pk).status == "pending"
 
-    accepted = client.post(url, {"count": "12", "deadline": "2026-03-01", "notify": "true", "channel": "slack"})
+    accepted = client.post(url, fields(count="12", deadline="2026-03-01", notify="true", channel="slack"))
     assert accepted.status_code == 302
     answer = {"count": 12, "deadline": "2026-03-01", "notify": True, "channel": "slack"}
     assert HumanRequest.objects.get(pk=cast.form.pk).answer == answer
@@ -315,14 +320,42 @@ def test_answer_form_shows_field_errors_then_accepts_once(cast: Cast, alice: Use
     assert "Answer sent to agent:coder." in page
     assert f'data-form-id="{cast.form.pk}"' not in page and f'data-answered="{cast.form.pk}"' in page
 
-    again = client.post(url, {"count": "13", "deadline": "2026-03-02", "notify": "false"}, follow=True)
+    again = client.post(url, fields(count="13", deadline="2026-03-02", notify="false"), follow=True)
     assert "was already answered" in again.content.decode()
     assert HumanRequest.objects.get(pk=cast.form.pk).answer == answer
 
 
+def test_a_form_answered_again_says_so_whatever_is_posted(cast: Cast, alice: User) -> None:
+    client = client_for(alice)
+    url = reverse("sagas:answer", args=[cast.saga.pk, cast.form.pk])
+    assert client.post(url, fields(count="12", deadline="2026-03-01", notify="true")).status_code == 302
+
+    again = client.post(url, fields(count="a dozen"), follow=True)  # does not fit: still, it was answered
+
+    assert "was already answered" in again.content.decode()
+
+
+def test_a_field_may_be_named_as_the_pages_own_inputs(cast: Cast, alice: User) -> None:
+    """Each input is `field.<name>`: a field named `csrfmiddlewaretoken` was posted beside the
+    page's token under its name, and the CSRF check read the person's value instead (403)."""
+    form, _ = actions.ask_human(asker=cast.coder, title="Token?", to="human:alice",
+                                fields=[{"name": "csrfmiddlewaretoken", "type": "text"}])  # fmt: skip
+    client = Client(enforce_csrf_checks=True)  # as a browser's post is checked
+    client.force_login(alice)
+    page = client.get(page_url(cast.saga)).content.decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert token is not None and 'name="field.csrfmiddlewaretoken"' in page
+
+    posted = client.post(reverse("sagas:answer", args=[cast.saga.pk, form.pk]),
+                         {"csrfmiddlewaretoken": token.group(1), "field.csrfmiddlewaretoken": "my answer"})  # fmt: skip
+
+    assert posted.status_code == 302
+    assert HumanRequest.objects.get(pk=form.pk).answer == {"csrfmiddlewaretoken": "my answer"}
+
+
 def test_only_the_addressee_answers_a_form(cast: Cast, bob: User) -> None:
     url = reverse("sagas:answer", args=[cast.saga.pk, cast.form.pk])
-    assert client_for(bob).post(url, {"count": "1", "deadline": "2026-03-01", "notify": "true"}).status_code == 404
+    assert client_for(bob).post(url, fields(count="1", deadline="2026-03-01", notify="true")).status_code == 404
     assert HumanRequest.objects.get(pk=cast.form.pk).status == "pending"
 
 
