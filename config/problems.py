@@ -4,8 +4,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.views import defaults
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -57,9 +58,8 @@ def problem_response(status_code: int, code: str, title: str, detail: str) -> Js
 def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, Problem):
         return problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
-    if isinstance(exc, RequestDataTooBig):
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE  # Django's own message names the setting
-        return problem(413, "payload_too_large", "Payload too large", f"Limit is {limit} bytes for a request body.")
+    if isinstance(exc, SuspiciousOperation):  # Django refused what it read (too big, too many fields or files)
+        return problem(*refusal(exc))
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -77,6 +77,25 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     if wait := getattr(exc, "wait", None):
         response["Retry-After"] = str(int(wait))
     return response
+
+
+def refusal(exc: SuspiciousOperation) -> tuple[int, str, str, str]:
+    """What Django's refusal of a request it read (SuspiciousOperation) answers: status, code,
+    title, detail."""
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE  # Django's own message names the setting
+        return 413, "payload_too_large", "Payload too large", f"Limit is {limit} bytes for a request body."
+    return 400, "invalid_payload", "Invalid payload", f"The request was refused: {exc}"
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's handler400, for a refusal raised before any view (a middleware read the body or the
+    query string): a problem for API clients, a plain page that says why for browsers."""
+    status, code, title, detail = refusal(exception) if isinstance(exception, SuspiciousOperation) else (
+        400, "invalid_payload", "Invalid payload", "The request was refused.")  # fmt: skip
+    if request.path_info.startswith("/api/"):
+        return problem_response(status, code, title, detail)
+    return render(request, "400.html", {"title": title, "detail": detail}, status=status)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

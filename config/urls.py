@@ -34,3 +34,6 @@ urlpatterns = [
 # With DEBUG off (production, and the tests) a crash answers templates/500.html, or problem+json
 # under /api/: never a traceback.
 handler500 = "config.problems.server_error"
+# A request Django refuses while a middleware reads it (a body past its limit, too many fields or
+# files): problem+json under /api/ too, with the limit.
+handler400 = "config.problems.bad_request"

@@ -147,3 +147,39 @@ def test_the_real_server_leaves_a_malformed_upload_to_the_app_which_refuses_it_w
         assert list(Artifact.objects.filter(saga=saga).values_list("name", flat=True)) == ["notes.txt"]
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("refused", ["files", "fields", "query"])
+def test_what_django_refuses_while_reading_a_request_is_a_problem_with_a_code(
+    team: Team, bob: User, refused: str
+) -> None:
+    """More files or fields than Django reads (DATA_UPLOAD_MAX_NUMBER_FILES, _FIELDS), in a body or
+    a query string: its refusal answered an HTML page without a code."""
+    api = client_for(bob)
+    many = {f"k{i}": "v" for i in range(1001)}
+    if refused == "files":
+        files = {f"f{i}": SimpleUploadedFile(f"a{i}.txt", b"x") for i in range(101)}
+        answered = api.post(url(team), {"file": SimpleUploadedFile("a.txt", b"x"), **files}, format="multipart")
+    elif refused == "fields":
+        answered = api.post(url(team), {"file": SimpleUploadedFile("a.txt", b"x"), **many}, format="multipart")
+    else:
+        answered = api.get(url(team) + "?" + "&".join(f"{k}={v}" for k, v in many.items()))
+
+    assert problem(answered, 400, "invalid_payload")["detail"].startswith("The request was refused: The number of")
+    assert not Artifact.objects.exists()
+
+
+def test_a_typed_text_past_the_body_limit_on_the_page_says_the_limit(
+    team: Team, bob: User, settings: LazySettings
+) -> None:
+    """The page's text box posts a form field, held to DATA_UPLOAD_MAX_MEMORY_SIZE while a
+    middleware reads it, before the view: the page says so, with the limit (was a bare 400)."""
+    page = Client()
+    page.force_login(bob)
+    text = "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)
+
+    posted = page.post(f"/sagas/{team.saga.pk}/artifacts/", {"name": "notes.md", "text": text})
+
+    assert posted.status_code == 413
+    assert f"Limit is {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes for a request body." in posted.content.decode()
+    assert not Artifact.objects.exists()
