@@ -19,6 +19,25 @@ def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+TEN_YEARS_S = 10 * 365 * 24 * 3600
+
+
+def env_number(name: str, default: float, *, whole: bool = False, most: float = TEN_YEARS_S) -> Any:
+    """A number from the environment, from 0 to `most` (seconds: at most ten years, past which a
+    deadline overflows a date); anything else stops the start with the variable's name, rather
+    than a bare ValueError or a server error at each request that uses it."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return int(default) if whole else float(default)
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} is a {'whole ' if whole else ''}number, not {raw!r}.") from None
+    if not 0 <= value <= most:  # NaN too
+        raise ImproperlyConfigured(f"{name} is from 0 to {most:g}, not {raw!r}.")
+    return value
+
+
 DEBUG = env_bool("DEBUG", True)
 
 # Where Agora writes (the SQLite database, the embedded Redis, the beat schedule, static files).
@@ -128,11 +147,11 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # A database host that does not answer fails a connection after this many seconds, where libpq
     # would wait for it as long as TCP does: a request gets its error, `/healthz` says `db: down`.
     DATABASES["default"]["OPTIONS"].setdefault(
-        "connect_timeout", int(os.environ.get("AGORA_DB_CONNECT_TIMEOUT_S", "5"))
+        "connect_timeout", env_number("AGORA_DB_CONNECT_TIMEOUT_S", 5, whole=True)
     )
 # The most connections the web process keeps open to PostgreSQL, lent to its requests in turn
 # (config/web.py); 0: a connection of its own for each request. Only the web process pools.
-AGORA_DB_POOL_MAX = int(os.environ.get("AGORA_DB_POOL_MAX", "20"))
+AGORA_DB_POOL_MAX = env_number("AGORA_DB_POOL_MAX", 20, whole=True)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "accounts.User"
@@ -171,7 +190,7 @@ if BEHIND_TLS:
     SECURE_SSL_REDIRECT = True
     # Probes and scrapes from inside the network speak plain HTTP.
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
-    SECURE_HSTS_SECONDS = int(os.environ.get("AGORA_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_SECONDS = env_number("AGORA_HSTS_SECONDS", 365 * 24 * 3600, whole=True)
     # What check --deploy asks for; a domain whose subdomains are not all HTTPS turns these off
     # (check --deploy then warns security.W005 / W021).
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("AGORA_HSTS_INCLUDE_SUBDOMAINS", True)
@@ -180,7 +199,7 @@ if BEHIND_TLS:
     CSRF_COOKIE_SECURE = True
 
 # Redis: the embedded server started by `make run` unless REDIS_URL points elsewhere.
-EMBEDDED_REDIS_PORT = int(os.environ.get("AGORA_REDIS_PORT", "6390"))
+EMBEDDED_REDIS_PORT = env_number("AGORA_REDIS_PORT", 6390, whole=True, most=65535)
 REDIS_URL = os.environ.get("REDIS_URL", f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0")
 
 
@@ -213,7 +232,7 @@ SILENCED_SYSTEM_CHECKS = ["django_ratelimit.W001"]
 # Brute force and quotas (accounts/throttles.py). Rates are "<count>/<period>", periods s, m, h, d
 # with an optional multiple ("10/15m"). The client address is the peer's unless that many
 # reverse proxies in front of the web processes append to X-Forwarded-For.
-AGORA_TRUSTED_PROXIES = int(os.environ.get("AGORA_TRUSTED_PROXIES", "0"))
+AGORA_TRUSTED_PROXIES = env_number("AGORA_TRUSTED_PROXIES", 0, whole=True)
 AGORA_SIGNIN_RATE_PER_ADDRESS = os.environ.get("AGORA_SIGNIN_RATE_PER_ADDRESS", "30/m")
 AGORA_SIGNIN_RATE_PER_ACCOUNT = os.environ.get("AGORA_SIGNIN_RATE_PER_ACCOUNT", "10/m")
 AGORA_AGENT_RATE = os.environ.get("AGORA_AGENT_RATE", "50/s")
@@ -250,7 +269,7 @@ CELERY_DB_REUSE_MAX = 1000
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # The reconciler reclaims a dead worker's turns once their lease has lapsed: a dead host's runs
 # move on within AGORA_LEASE_S + this interval (README, "Failover").
-RECONCILE_INTERVAL_S = float(os.environ.get("AGORA_RECONCILE_INTERVAL_S", "2"))
+RECONCILE_INTERVAL_S = env_number("AGORA_RECONCILE_INTERVAL_S", 2)
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "sagas.tasks.reconcile", "schedule": RECONCILE_INTERVAL_S},
     "resume-prompts": {"task": "agents.orchestrator.resume_prompts", "schedule": RECONCILE_INTERVAL_S},
@@ -289,10 +308,10 @@ SPECTACULAR_SETTINGS = {
 }
 
 # Limits (DESIGN.md §3.9).
-AGORA_MAX_PAYLOAD_BYTES = int(os.environ.get("AGORA_MAX_PAYLOAD_BYTES", str(256 * 1024)))
+AGORA_MAX_PAYLOAD_BYTES = env_number("AGORA_MAX_PAYLOAD_BYTES", 256 * 1024, whole=True)
 DATA_UPLOAD_MAX_MEMORY_SIZE = AGORA_MAX_PAYLOAD_BYTES + 64 * 1024
 # How deep any JSON input (request bodies, WebSocket messages, a model's tool arguments) may nest.
-AGORA_MAX_JSON_DEPTH = int(os.environ.get("AGORA_MAX_JSON_DEPTH", "64"))
+AGORA_MAX_JSON_DEPTH = env_number("AGORA_MAX_JSON_DEPTH", 64, whole=True)
 
 LOGGING = {
     "version": 1,
@@ -307,34 +326,34 @@ LOGGING = {
         "celery.worker.strategy": {"level": "WARNING"},
     },
 }
-AGORA_MAX_HOPS = int(os.environ.get("AGORA_MAX_HOPS", "8"))
-AGORA_MAX_PENDING_PER_SENDER = int(os.environ.get("AGORA_MAX_PENDING_PER_SENDER", "64"))
-AGORA_MAX_STEERING_BACKLOG = int(os.environ.get("AGORA_MAX_STEERING_BACKLOG", "1000"))
+AGORA_MAX_HOPS = env_number("AGORA_MAX_HOPS", 8, whole=True)
+AGORA_MAX_PENDING_PER_SENDER = env_number("AGORA_MAX_PENDING_PER_SENDER", 64, whole=True)
+AGORA_MAX_STEERING_BACKLOG = env_number("AGORA_MAX_STEERING_BACKLOG", 1000, whole=True)
 # A saga's goal and a collaborator's task, in characters (a goal is a brief, not a document).
-AGORA_MAX_GOAL_CHARS = int(os.environ.get("AGORA_MAX_GOAL_CHARS", "20000"))
+AGORA_MAX_GOAL_CHARS = env_number("AGORA_MAX_GOAL_CHARS", 20000, whole=True)
 # Budgets that would multiply without a cap (every other budget is per collaborator): delegates,
 # unanswered forms, and HTTP waits in progress (each holds a Redis connection).
-AGORA_MAX_DELEGATES_PER_AGENT = int(os.environ.get("AGORA_MAX_DELEGATES_PER_AGENT", "16"))
-AGORA_MAX_AGENTS_PER_SAGA = int(os.environ.get("AGORA_MAX_AGENTS_PER_SAGA", "200"))
-AGORA_MAX_OPEN_FORMS_PER_AGENT = int(os.environ.get("AGORA_MAX_OPEN_FORMS_PER_AGENT", "16"))
-AGORA_MAX_OPEN_FORMS_PER_SAGA = int(os.environ.get("AGORA_MAX_OPEN_FORMS_PER_SAGA", "200"))
-AGORA_MAX_WAITS_PER_AGENT = int(os.environ.get("AGORA_MAX_WAITS_PER_AGENT", "8"))
-AGORA_MAX_WAITS_PER_SAGA = int(os.environ.get("AGORA_MAX_WAITS_PER_SAGA", "128"))
-AGORA_DEFAULT_WAIT_S = float(os.environ.get("AGORA_DEFAULT_WAIT_S", "60"))
-AGORA_MAX_WAIT_S = float(os.environ.get("AGORA_MAX_WAIT_S", "300"))
-AGORA_REQUEST_TTL_S = float(os.environ.get("AGORA_REQUEST_TTL_S", str(24 * 3600)))
+AGORA_MAX_DELEGATES_PER_AGENT = env_number("AGORA_MAX_DELEGATES_PER_AGENT", 16, whole=True)
+AGORA_MAX_AGENTS_PER_SAGA = env_number("AGORA_MAX_AGENTS_PER_SAGA", 200, whole=True)
+AGORA_MAX_OPEN_FORMS_PER_AGENT = env_number("AGORA_MAX_OPEN_FORMS_PER_AGENT", 16, whole=True)
+AGORA_MAX_OPEN_FORMS_PER_SAGA = env_number("AGORA_MAX_OPEN_FORMS_PER_SAGA", 200, whole=True)
+AGORA_MAX_WAITS_PER_AGENT = env_number("AGORA_MAX_WAITS_PER_AGENT", 8, whole=True)
+AGORA_MAX_WAITS_PER_SAGA = env_number("AGORA_MAX_WAITS_PER_SAGA", 128, whole=True)
+AGORA_DEFAULT_WAIT_S = env_number("AGORA_DEFAULT_WAIT_S", 60)
+AGORA_MAX_WAIT_S = env_number("AGORA_MAX_WAIT_S", 300)
+AGORA_REQUEST_TTL_S = env_number("AGORA_REQUEST_TTL_S", 24 * 3600)
 # Short, because a live worker never lets it lapse: its heartbeat renews the lease of every turn in
 # flight every third of it (agents/heartbeat.py), through model calls and tools of any length.
-AGORA_LEASE_S = float(os.environ.get("AGORA_LEASE_S", "6"))
-AGORA_STEERING_POLL_MAX_S = float(os.environ.get("AGORA_STEERING_POLL_MAX_S", "60"))
+AGORA_LEASE_S = env_number("AGORA_LEASE_S", 6)
+AGORA_STEERING_POLL_MAX_S = env_number("AGORA_STEERING_POLL_MAX_S", 60)
 # A run with more to do keeps its worker for its next turns until this much time has passed
 # since the task started, then queues behind the others.
-AGORA_TURN_SLICE_S = float(os.environ.get("AGORA_TURN_SLICE_S", "0.1"))
+AGORA_TURN_SLICE_S = env_number("AGORA_TURN_SLICE_S", 0.1)
 # Which agent profiles exist is the runtime's knowledge; the kernel asks it through this callable
 # (a dotted path, so that the kernel never imports the runtime) before adding an internal agent.
 AGORA_MISSING_PROFILES = "agents.models.missing_profiles"
 # How long one routing step may take (the router's whole fallback chain) before another may retry it.
-AGORA_ROUTING_LEASE_S = float(os.environ.get("AGORA_ROUTING_LEASE_S", "180"))
+AGORA_ROUTING_LEASE_S = env_number("AGORA_ROUTING_LEASE_S", 180)
 # Extra live parts of the saga page, rendered by the runtime (the kernel's page imports none of it):
 # name → (title, context callable(request, saga) -> dict, template, event type prefixes that refresh it).
 AGORA_SAGA_PANELS: dict[str, tuple[str, str, str, list[str]]] = {
@@ -345,17 +364,17 @@ AGORA_SAGA_PANELS: dict[str, tuple[str, str, str, list[str]]] = {
         ["prompt.", "plan.", "primary.", "review.", "worker_", "run.", "hook_"],
     ),
 }
-AGORA_RERING_S = float(os.environ.get("AGORA_RERING_S", "15"))
+AGORA_RERING_S = env_number("AGORA_RERING_S", 15)
 AGORA_PLAYBOOK_DIRS = env_list("AGORA_PLAYBOOK_DIRS", "")
 # Hook handlers run processes, HTTP calls and code for as long as their timeouts: only inside a
 # Celery task. Unit tests that call `run_hooks` directly turn this on (agents.hooks.runner).
 AGORA_HOOKS_INLINE = env_bool("AGORA_HOOKS_INLINE", False)
 # Artifacts: the largest one a saga may hold (uploads over it are refused with payload_too_large).
-AGORA_MAX_ARTIFACT_BYTES = int(os.environ.get("AGORA_MAX_ARTIFACT_BYTES", str(5 * 1024 * 1024)))
+AGORA_MAX_ARTIFACT_BYTES = env_number("AGORA_MAX_ARTIFACT_BYTES", 5 * 1024 * 1024, whole=True)
 # Teams: the budgets a new team starts with, and who counts its tokens (the runtime keeps them).
-AGORA_TEAM_MAX_TEAMMATES = int(os.environ.get("AGORA_TEAM_MAX_TEAMMATES", "8"))
-AGORA_TEAM_MAX_TOKENS = int(os.environ.get("AGORA_TEAM_MAX_TOKENS", "2000000"))
-AGORA_TEAM_IDLE_TIMEOUT_S = float(os.environ.get("AGORA_TEAM_IDLE_TIMEOUT_S", "3600"))
+AGORA_TEAM_MAX_TEAMMATES = env_number("AGORA_TEAM_MAX_TEAMMATES", 8, whole=True)
+AGORA_TEAM_MAX_TOKENS = env_number("AGORA_TEAM_MAX_TOKENS", 2000000, whole=True)
+AGORA_TEAM_IDLE_TIMEOUT_S = env_number("AGORA_TEAM_IDLE_TIMEOUT_S", 3600)
 AGORA_RUN_TOKENS = "agents.models.tokens_used"
 # The A2A gateway: which exposed agent the host's own /.well-known/agent-card.json describes
 # (`<saga id>/<agent name>`); unset, it is the instance's only exposed agent, if there is one.
@@ -370,6 +389,6 @@ AGORA_A2A_PUSH_PRIVATE_URLS = env_bool("AGORA_A2A_PUSH_PRIVATE_URLS", DEBUG)
 # private addresses (the same rule as push notifications, its own switch); how long a call may
 # take by default and at most; how many calls one agent may have open at once.
 AGORA_A2A_REMOTE_PRIVATE_URLS = env_bool("AGORA_A2A_REMOTE_PRIVATE_URLS", DEBUG)
-AGORA_A2A_REMOTE_TIMEOUT_S = float(os.environ.get("AGORA_A2A_REMOTE_TIMEOUT_S", "60"))
-AGORA_A2A_REMOTE_MAX_TIMEOUT_S = float(os.environ.get("AGORA_A2A_REMOTE_MAX_TIMEOUT_S", "600"))
-AGORA_A2A_REMOTE_MAX_OPEN = int(os.environ.get("AGORA_A2A_REMOTE_MAX_OPEN", "16"))
+AGORA_A2A_REMOTE_TIMEOUT_S = env_number("AGORA_A2A_REMOTE_TIMEOUT_S", 60)
+AGORA_A2A_REMOTE_MAX_TIMEOUT_S = env_number("AGORA_A2A_REMOTE_MAX_TIMEOUT_S", 600)
+AGORA_A2A_REMOTE_MAX_OPEN = env_number("AGORA_A2A_REMOTE_MAX_OPEN", 16, whole=True)
