@@ -200,13 +200,15 @@ class SteeringFeedApi(ApiView):
         me = Collaborator.objects.filter(user=principal(request), kind=Collaborator.Kind.AGENT).first()
         if me is None:
             raise errors.Forbidden("Only agents have steering.")
-        actions.acknowledge_steering(recipient=me, upto_seq=after)
-        items = list(steering_after(me.pk, after))
-        if items or wait_s == 0:
-            return Response(s.SteeringOutput({"items": items}).data)
-        wait = Wait(
-            channel=steering_channel(me.pk),
-            check=partial(steering_check, me.pk, after, time.monotonic() + wait_s),
-            slot=hold_wait(me),
-        )
-        return WaitingResponse({"items": []}, status=200, wait=wait)
+        slot = hold_wait(me) if wait_s else None  # before anything is written
+        try:
+            actions.acknowledge_steering(recipient=me, upto_seq=after)
+            items = list(steering_after(me.pk, after))
+            if items or slot is None:
+                return Response(s.SteeringOutput({"items": items}).data)
+            waiting, slot = slot, None  # the wait holds it from here
+        finally:
+            if slot is not None:
+                slot.release()
+        check = partial(steering_check, me.pk, after, time.monotonic() + wait_s)
+        return WaitingResponse({"items": []}, status=200, wait=Wait(steering_channel(me.pk), check, slot=waiting))

@@ -127,7 +127,13 @@ def test_an_idempotency_key_replays_the_first_request_and_refuses_another_body(t
     problem(
         ask(tester, team, {**body, "payload": {"n": 2}}, **{"Idempotency-Key": "call-1"}), 409, "idempotency_conflict"
     )
-    assert AgentRequest.objects.filter(sender=team["tester"]).count() == 1
+    # The timeout is the body's too, once given: another one is another body.
+    timed = {**body, "mode": "async", "timeout_s": 5}
+    assert ask(tester, team, timed, **{"Idempotency-Key": "call-2"}).status_code == 202
+    assert ask(tester, team, timed, **{"Idempotency-Key": "call-2"}).status_code == 202
+    longer = {**timed, "timeout_s": 250}
+    problem(ask(tester, team, longer, **{"Idempotency-Key": "call-2"}), 409, "idempotency_conflict")
+    assert AgentRequest.objects.filter(sender=team["tester"]).count() == 2
 
 
 def test_hop_limit(team: Team, as_agent: Client, settings: LazySettings) -> None:

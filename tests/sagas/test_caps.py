@@ -9,6 +9,7 @@ from django.conf import LazySettings
 from redis import Redis
 
 from accounts.models import User
+from journal.models import JournalEvent
 from sagas import errors, waits
 from sagas.actions import NewAgent, add_agent, add_agents, answer_human_request, ask_human
 from sagas.models import AgentRequest, Collaborator, HumanRequest
@@ -176,6 +177,29 @@ def test_a_wait_over_the_cap_is_refused_before_anything_is_written(team: Team, s
     # A wait that ends gives its slot back: two long-polls in a row both run.
     assert api.get("/api/v1/steering/?wait=0.05").status_code == 200
     assert api.get("/api/v1/steering/?wait=0.05").status_code == 200
+
+
+def test_a_long_poll_takes_its_slot_before_it_acknowledges_and_gives_it_back_when_items_are_there(
+    team: Team, settings: LazySettings
+) -> None:
+    """The cursor a long-poll acknowledges is a write (items read, requests delivered): a poll
+    refused for its wait acknowledges nothing; one that finds items at once holds no slot after."""
+    tester, coder = client_for(team.user("tester"), "Bearer"), client_for(team.user("coder"), "Bearer")
+    asks = f"/api/v1/sagas/{team.saga.pk}/requests/"
+    first = tester.post(asks, {"to": "agent:coder", "type": "x", "payload": {}}, format="json").data["request_id"]
+    (item,) = coder.get("/api/v1/steering/").data["items"]
+    settings.AGORA_MAX_WAITS_PER_AGENT = 1
+    held = hold_wait(team["coder"])
+
+    problem(coder.get(f"/api/v1/steering/?after={item['seq']}&wait=5"), 429, "too_many_waits")
+
+    assert AgentRequest.objects.get(pk=first).status == "pending"
+    assert not JournalEvent.objects.filter(saga=team.saga, type="request.delivered").exists()
+    held.release()
+    tester.post(asks, {"to": "agent:coder", "type": "y", "payload": {}}, format="json")
+    found = coder.get(f"/api/v1/steering/?after={item['seq']}&wait=5")
+    assert [i["type"] for i in found.data["items"]] == ["y"] and AgentRequest.objects.get(pk=first).status != "pending"
+    hold_wait(team["coder"]).release()  # the poll that found items gave its slot back
 
 
 def test_a_renewed_wait_is_counted_past_its_first_lapse(
