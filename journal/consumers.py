@@ -34,7 +34,8 @@ class JournalConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         saga_id = self.scope["url_route"]["kwargs"]["saga_id"]
-        query = {name: values[0] for name, values in parse_qs(self.scope["query_string"].decode()).items()}
+        raw = self.scope["query_string"].decode(errors="replace")  # the client's bytes, as Django reads a URL's
+        query = {name: values[0] for name, values in parse_qs(raw).items()}
         try:
             self.last_seq = integer_param(query, "after", default=0)
         except InvalidParameter:

@@ -74,7 +74,12 @@ async def journal_socket(
 
 
 async def refusal(saga_id: object, headers: Headers, after: int | str = 0) -> tuple[bool, Any]:
-    socket = WebsocketCommunicator(application, f"/ws/sagas/{saga_id}/journal/?after={after}", headers=headers)
+    return await connected_to(
+        WebsocketCommunicator(application, f"/ws/sagas/{saga_id}/journal/?after={after}", headers=headers)
+    )
+
+
+async def connected_to(socket: WebsocketCommunicator) -> tuple[bool, Any]:
     try:
         result: tuple[bool, Any] = await socket.connect(timeout=TIMEOUT)
         return result
@@ -191,6 +196,12 @@ async def test_an_unknown_saga_looks_like_a_forbidden_one(as_alice: Headers) -> 
     assert await refusal("00000000-0000-4000-8000-000000000000", as_alice) == (False, 4404)
 
 
+@pytest.mark.parametrize("path", ["/ws/sagas/not-a-uuid/journal/", "/ws/sagas/", "/ws/"])
+async def test_a_path_that_names_no_sagas_journal_is_refused_as_an_unknown_saga(as_alice: Headers, path: str) -> None:
+    """The router found no route and raised: a traceback, and a handshake dropped by a server error."""
+    assert await connected_to(WebsocketCommunicator(application, path, headers=as_alice)) == (False, 4404)
+
+
 async def test_a_foreign_origin_is_refused(saga: Saga, alice: User) -> None:
     headers = await database_sync_to_async(session_headers)(alice)
     foreign = [(b"origin", b"http://evil.example"), *headers[1:]]
@@ -203,6 +214,9 @@ async def test_a_foreign_origin_is_refused(saga: Saga, alice: User) -> None:
 async def test_a_bad_cursor_is_refused(saga: Saga, as_alice: Headers) -> None:
     assert await refusal(saga.pk, as_alice, after="abc") == (False, 4400)
     assert await refusal(saga.pk, as_alice, after="%C2%B2") == (False, 4400)  # "²": a digit, not ASCII
+    raw = WebsocketCommunicator(application, f"/ws/sagas/{saga.pk}/journal/", headers=as_alice)
+    raw.scope["query_string"] = b"after=\xff"  # as a server hands over a client's bytes: not UTF-8
+    assert await connected_to(raw) == (False, 4400)
 
 
 async def test_messages_a_client_sends_are_checked_and_never_drop_the_socket(
