@@ -4,11 +4,12 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from config.admin_lists import ListsAdmin
 from journal.models import JournalEvent
 
 
 @admin.register(JournalEvent)
-class JournalEventAdmin(admin.ModelAdmin):
+class JournalEventAdmin(ListsAdmin):
     """For inspection only: the journal is append-only and written by `journal.actions.record`."""
 
     list_display = ("saga", "seq", "type", "actor", "run_id", "created_at")

@@ -16,6 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from config.admin_lists import ListsAdmin
 from sagas.models import (
     AgentRequest,
     Broadcast,
@@ -49,7 +50,7 @@ def pretty_json(value: Any) -> SafeString:
     )
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ReadOnlyAdmin(ListsAdmin):
     """View-only: inspect, filter, search, follow links; never add, edit or delete."""
 
     show_full_result_count = False

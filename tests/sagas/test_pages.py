@@ -459,3 +459,23 @@ def test_admin_pages_render_and_link_to_the_saga(cast: Cast, alice: User) -> Non
     assert client.get("/admin/sagas/agentrequest/?q=code.plan").status_code == 200
     assert client.post(f"/admin/sagas/humanrequest/{cast.form.pk}/change/", {"title": "x"}).status_code == 403
     assert HumanRequest.objects.get(pk=cast.form.pk).title == "Usage of v1"
+
+
+@pytest.mark.parametrize(
+    ("listed", "lookups"),
+    [
+        *((listed, lookups) for listed in ("journal/journalevent", "sagas/saga", "sagas/agentrequest") for lookups in (
+            "created_at__year={0}", "created_at__year=2026&created_at__month={0}",
+            "created_at__year=2026&created_at__month=3&created_at__day={0}",
+        )),  # their date hierarchies
+        ("sagas/run", "created_at__year={0}"),  # a plain lookup, where there is no hierarchy
+    ],
+)  # fmt: skip
+def test_an_admin_list_takes_a_number_no_column_holds_as_a_bad_lookup(
+    cast: Cast, admin_client: Client, listed: str, lookups: str
+) -> None:
+    """Twenty digits for a date's part were a 500, where `abc` is the admin's "invalid lookup"
+    answer (a redirect to `?e=1`)."""
+    listing = admin_client.get(f"/admin/{listed}/?{lookups.format('9' * 20)}")
+
+    assert (listing.status_code, listing["Location"]) == (302, f"/admin/{listed}/?e=1")
