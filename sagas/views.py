@@ -363,6 +363,8 @@ def agent_token(request: HttpRequest, saga_id: UUID) -> HttpResponse:
             return redirect(saga_url(saga, "team"))
     except errors.NotFound as exc:
         raise Http404(exc.detail) from exc
+    except errors.InvalidState as exc:  # an internal agent: it has no token
+        return HttpResponse(f"invalid_state: {exc.detail}", status=409, content_type="text/plain")
     return HttpResponse("invalid_payload: action is rotate or revoke.", status=400, content_type="text/plain")
 
 

@@ -24,9 +24,12 @@ def token_holder(saga: Saga, handle: str, by: User) -> Collaborator:
 
 @transaction.atomic
 def rotate_agent_token(*, saga: Saga, handle: str, by: User) -> tuple[Collaborator, str]:
-    """Revoke the agent's tokens and issue a new one (returned, shown once; journaled without it)."""
+    """Revoke the agent's tokens and issue a new one (returned, shown once; journaled without it).
+    An internal agent has none to rotate: Agora runs its turns, and no one else acts as it."""
     saga = lock_saga(saga.pk)
     agent = token_holder(saga, handle, by)
+    if agent.runtime == Collaborator.Runtime.INTERNAL:  # a token would let its holder act as the agent
+        raise errors.InvalidState(f"{agent.handle} runs inside Agora: it has no API token.")
     key = rotate_token(user=agent.user)
     record(saga_id=saga.pk, type="collaborator.token_rotated", actor=actor_id(saga, by), data={"id": agent.handle})
     return agent, key

@@ -20,7 +20,7 @@ from config.asgi import application
 from journal.models import JournalEvent
 from sagas import actions
 from tests.sagas.api_http import Http, client_for, problem
-from tests.sagas.kernel import Team
+from tests.sagas.kernel import Team, profile_named
 from tests.support import WebServer, wait_until
 
 pytestmark = pytest.mark.usefixtures("fast_passwords")
@@ -60,6 +60,25 @@ def test_an_agent_rotates_and_revokes_its_own_token_and_no_one_elses(team: Team,
     assert mine.delete(token_path(team, "coder")).status_code == 204
     problem(mine.get("/api/v1/steering/"), 401, "authentication_failed")
     assert not ApiToken.objects.filter(user=team.user("coder")).exists()
+
+
+def test_an_internal_agent_has_no_token_to_rotate(team: Team, alice: User) -> None:
+    """Agora runs an internal agent's turns: a token for it would let a manager act as it (drain
+    its steering, ask as it)."""
+    actions.add_agent(saga=team.saga, name="inside", role="Inside", task="t", runtime="internal",
+                      profile=profile_named("inside"), by=alice)  # fmt: skip
+
+    problem(client_for(alice).post(token_path(team, "inside")), 409, "invalid_state")
+    page = Client()
+    page.force_login(alice)
+    refused = page.post(f"/sagas/{team.saga.pk}/agent-token/", {"agent": "agent:inside", "action": "rotate"})
+    assert (refused.status_code, refused.content) == (
+        409,
+        b"invalid_state: agent:inside runs inside Agora: it has no API token.",
+    )
+
+    assert not ApiToken.objects.filter(user__username__endswith=".inside").exists()
+    assert not JournalEvent.objects.filter(saga=team.saga, type="collaborator.token_rotated").exists()
 
 
 def test_the_dashboard_rotates_and_revokes_for_managers_only(team: Team, alice: User, bob: User) -> None:
