@@ -29,6 +29,7 @@ from django.db import DatabaseError, InterfaceError, connection
 from django.utils import timezone
 from google.protobuf.json_format import MessageToDict
 
+from config.payloads import text_problem
 from gateways.a2a.public_net import NotPublic, async_public_transport
 from sagas import actions
 from sagas.remotes import RemoteCall
@@ -93,6 +94,10 @@ def follow(call_id: str, step: int) -> None:
     except Refused as exc:
         actions.record_attempts(call_id=call.pk, attempts=attempts)
         fail(call, exc.code, str(exc))
+        return
+    if why := unheld_ids(task):  # neither followed nor kept: a remote agent's ids are short text
+        actions.record_attempts(call_id=call.pk, attempts=attempts)
+        fail(call, "remote_error", f"{call.agent_name} answered {why}.")
         return
     state = task.status.state
     if state == pb.TASK_STATE_COMPLETED:
@@ -171,6 +176,18 @@ def value_of(part: pb.Part) -> Any:
         return part.text
     body = MessageToDict(part)
     return body.get("data") if kind == "data" else body
+
+
+def unheld_ids(task: pb.Task) -> str:
+    """What of a task's ids no column holds (longer than the call's columns, or text no database
+    stores), if anything."""
+    for what, value in (("task id", task.id), ("context id", task.context_id)):
+        if len(value) > ID_MAX or text_problem(value):
+            return f"a {what} no column holds ({len(value)} characters)"
+    return ""
+
+
+ID_MAX = RemoteCall._meta.get_field("task_id").max_length or 0
 
 
 def text_of(parts: Any) -> str:

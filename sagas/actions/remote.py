@@ -18,6 +18,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from accounts.models import User
+from config.payloads import storable_value
 from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
@@ -201,9 +202,11 @@ def settle_remote_call(
     *, call_id: str, status: str, reply: Any = None, error: dict[str, Any] | None = None, task_id: str = ""
 ) -> bool:
     """The call's one terminal transition (compare-and-set): journaled as `remote_reply`; a run
-    parked on it is resumed (its tool call gets the outcome), anyone else gets it in steering."""
+    parked on it is resumed (its tool call gets the outcome), anyone else gets it in steering. The
+    reply and the error are the remote agent's words: kept with U+FFFD for what no column stores."""
     if status not in (Status.COMPLETED, Status.FAILED):
         raise errors.InvalidPayload(f"{status} is not a terminal remote call status.")
+    reply, error = storable_value(reply), storable_value(error)
     call = RemoteCall.objects.select_related("caller").filter(pk=call_id).first()
     if call is None:
         return False
