@@ -1,0 +1,45 @@
+"""A turn that raises out of its task leaves its run `running` until the lease lapses; the
+reconciler takes the turn back and the next task makes it again. A run taken back too often ends."""
+
+import pytest
+from django.conf import LazySettings
+from django.utils import timezone
+
+from accounts.models import User
+from agents.executor import run_turn
+from agents.models import AgentProfile
+from sagas import actions
+from sagas.models import Run, Saga
+from sagas.tasks import reconcile
+from tests.agents.fake_llm import FakeLLM, say, tool_call
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_turn_that_fails_its_task_each_time_ends_the_run_once_taken_back_too_often(
+    saga: Saga, alice: User, model_here: FakeLLM, monkeypatch: pytest.MonkeyPatch, settings: LazySettings
+) -> None:
+    """A turn that raises out of its task leaves the run `running` until its lease lapses; the
+    reconciler takes it back and the next task makes it again, model call and all. Past
+    AGORA_MAX_RECLAIMS the run fails instead of being made again for ever."""
+    settings.AGORA_MAX_RECLAIMS = 2
+    model_here.script("asker-m", *(say("", tool_call("finish", {"result": "done"}, f"c{i}")) for i in range(5)))
+    AgentProfile.objects.create(name="asker", role="Asker", model="asker-m", tools=["finish"])
+    asker, _ = actions.add_agent(saga=saga, name="asker", role="Asker", task="Ask", runtime="internal",
+                                 profile="asker", by=alice)  # fmt: skip
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a fault no code foresaw")
+
+    monkeypatch.setattr("agents.turns.execute", broken)  # the fault, injected where the tools run
+    for _ in range(3):  # the first try and its two reclaims
+        with pytest.raises(RuntimeError):
+            run_turn(asker.run.pk)
+        Run.objects.filter(pk=asker.run.pk).update(lease_until=timezone.now())  # as if the lease lapsed
+        reconcile()
+    run_turn(asker.run.pk)
+
+    run = Run.objects.get(pk=asker.run.pk)
+    assert (run.status, run.reclaims) == (Run.Status.FAILED, 3)
+    assert run.error.startswith("Its turns were taken back 3 times")
+    assert len(model_here.calls_for("asker-m")) == 3  # the model was not asked a fourth time
