@@ -84,4 +84,3 @@ def test_a_call_id_the_keys_cannot_hold_is_replaced_by_its_digest(
     else:
         assert [m["tool_call_id"] for m in transcript.messages if m["role"] == "tool"] == [called]
         assert (run.status, run.result) == (Run.Status.COMPLETED, "asked")
-
