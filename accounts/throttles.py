@@ -7,6 +7,7 @@ as one. The API applies them as DRF throttles (429 `throttled` with `Retry-After
 form through `signin_refused`.
 """
 
+import unicodedata
 from typing import Any
 
 from django.conf import settings
@@ -35,19 +36,28 @@ def _usage(request: HttpRequest, group: str, value: str, rate: str) -> dict[str,
     return get_usage(request, group=group, key=lambda _group, _request: value, rate=rate, increment=True)
 
 
-def signin_refused(request: HttpRequest, username: str) -> int | None:
+def signin_refused(request: HttpRequest, username: Any) -> int | None:
     """Count a sign-in attempt against its client address and its account; the seconds to wait when
     either is over its rate, else None. Every attempt counts: a guesser cannot tell a refused
     attempt from a counted one, and a person does not sign in dozens of times a minute."""
     waits = []
     for group, value, rate in (
         ("signin.address", client_address(request), settings.AGORA_SIGNIN_RATE_PER_ADDRESS),
-        ("signin.account", username.strip().lower(), settings.AGORA_SIGNIN_RATE_PER_ACCOUNT),
+        ("signin.account", account_of(username), settings.AGORA_SIGNIN_RATE_PER_ACCOUNT),
     ):
         usage = _usage(request, group, value, rate)
         if usage is not None and usage["should_limit"]:
             waits.append(max(1, int(usage["time_left"])))
     return max(waits) if waits else None
+
+
+def account_of(username: Any) -> str:
+    """The account an attempt is for, as signing in reads its name, so that no other spelling of
+    it is a fresh counter: a number is its text (the token endpoint's CharField takes one), and
+    compatibility forms are one name (the form's UsernameField reads NFKC: alice in full-width letters is alice)."""
+    if isinstance(username, bool) or not isinstance(username, str | int | float):
+        return ""
+    return unicodedata.normalize("NFKC", str(username)).strip().casefold()
 
 
 class SignInThrottle(BaseThrottle):
@@ -58,7 +68,7 @@ class SignInThrottle(BaseThrottle):
 
     def allow_request(self, request: Request, view: Any) -> bool:
         username = request.data.get("username", "") if isinstance(request.data, dict) else ""
-        self.retry_after = signin_refused(request._request, username if isinstance(username, str) else "")
+        self.retry_after = signin_refused(request._request, username)
         return self.retry_after is None
 
     def wait(self) -> float | None:

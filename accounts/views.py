@@ -12,7 +12,7 @@ class ThrottledLoginView(LoginView):
     per account; over either rate it answers 429 with Retry-After and checks no password."""
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        wait = signin_refused(request, str(request.POST.get("username", "")))
+        wait = signin_refused(request, request.POST.get("username", ""))
         if wait is None:
             return super().post(request, *args, **kwargs)
         response = render(request, "registration/throttled.html", {"wait": wait}, status=429)

@@ -126,3 +126,20 @@ def test_people_are_not_under_the_agent_quota(alice: User, settings: LazySetting
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     api = client_for(alice)
     assert [api.get("/api/v1/sagas/").status_code for _ in range(3)] == [200, 200, 200]
+
+
+@pytest.mark.usefixtures("tight")
+def test_another_spelling_of_an_account_is_the_same_account(alice: User) -> None:
+    """Signing in reads a name as its NFKC form (the form) or a number as its text (the token
+    endpoint): each other spelling counted apart gave a guesser a fresh budget for one account."""
+    User.objects.create_user(username="12345", password="number-password")
+    for account in ("alice", "12345"):
+        for i in range(5):  # the account's budget, from addresses within theirs
+            token_attempt(Client(REMOTE_ADDR=f"192.0.2.{i}"), account, "wrong")
+
+    fullwidth = "".join(chr(ord(c) + 0xFEE0) for c in "alice")  # full-width letters: it signs in as alice
+    form = Client(REMOTE_ADDR="192.0.2.50").post(LOGIN, {"username": fullwidth, "password": "alice-password"})
+    number = Client(REMOTE_ADDR="192.0.2.51").post(TOKEN, {"username": 12345, "password": "number-password"},
+                                                   content_type="application/json")  # fmt: skip
+
+    assert (form.status_code, number.status_code) == (429, 429)
