@@ -15,7 +15,13 @@ Send = Callable[[Any], Awaitable[None]]
 
 
 def headers_of(scope: Any) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    """The request's headers by lower-case name; a name sent twice has its values joined with a
+    comma, as Django reads them (two Host headers are then no allowed host, as Django decides)."""
+    headers: dict[str, str] = {}
+    for key, value in scope.get("headers", []):
+        name = key.decode("latin-1").lower()
+        headers[name] = f"{headers[name]},{value.decode('latin-1')}" if name in headers else value.decode("latin-1")
+    return headers
 
 
 def host_allowed(headers: dict[str, str]) -> bool:

@@ -4,6 +4,7 @@ in the path. Each gets the protocol's error (HTTP 200, a JSON-RPC error) or a 40
 nothing is written."""
 
 import json
+import socket
 from typing import Any
 
 import httpx
@@ -91,6 +92,13 @@ def test_a_host_not_allowed_and_a_nul_in_the_path_are_refused(web_server: WebSer
     assert nul.status_code == 400 and nul.json()["code"] == "invalid_payload"
     assert post(web_server, cast, rpc("SendMessage", SEND), {**V1, "Host": "evil.example"}).status_code == 400
     assert not AgentRequest.objects.exists()
+    # Two Host headers, an allowed one last: the check read the last, the card's URL the first.
+    path = card_url.removeprefix(web_server.url)
+    with socket.create_connection(("127.0.0.1", web_server.port), timeout=30) as raw:
+        raw.sendall(f"GET {path} HTTP/1.1\r\nHost: evil.example\r\nHost: 127.0.0.1:{web_server.port}\r\n"
+                    "Connection: close\r\n\r\n".encode())  # fmt: skip
+        answer = b"".join(iter(lambda: raw.recv(65536), b""))
+    assert answer.startswith(b"HTTP/1.1 400 ") and b'"invalid_host"' in answer and b"evil.example/" not in answer
 
 
 def test_a_send_refused_for_its_webhook_or_its_message_id_creates_no_task(web_server: WebServer, cast: Cast) -> None:
