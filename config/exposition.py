@@ -68,7 +68,7 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
 class MetricsView(PrometheusDjangoView):
     """The library's Django view, behind the access rule above, on a registry built per scrape."""
 
-    http_method_names = ["get"]
+    http_method_names = ["get", "head"]
 
     def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if (refused := refusal(request)) is not None:

@@ -18,7 +18,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 from django.utils.module_loading import import_string
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from accounts.models import User
 from config.params import FORM_SENT, InvalidParameter, form_key, integer_param
@@ -67,7 +67,7 @@ def saga_url(saga: Saga, anchor: str = "") -> str:
 
 
 @login_required
-@require_GET
+@require_safe
 def saga_list(request: HttpRequest) -> HttpResponse:
     return render_list(request)
 
@@ -104,7 +104,7 @@ def saga_create(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@require_GET
+@require_safe
 def saga_detail(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     saga = visible_saga(request, saga_id)
     try:
@@ -215,7 +215,7 @@ PART_CONTEXT: dict[str, Callable[[HttpRequest, Saga], dict[str, Any]]] = {
 
 
 @login_required
-@require_GET
+@require_safe
 def saga_part(request: HttpRequest, saga_id: UUID, part: str) -> HttpResponse:
     """One live part of the page, re-fetched by the page's script when a journal event arrives."""
     saga = visible_saga(request, saga_id)
@@ -229,7 +229,7 @@ def saga_part(request: HttpRequest, saga_id: UUID, part: str) -> HttpResponse:
 
 
 @login_required
-@require_GET
+@require_safe
 def journal_rows(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     """Timeline rows: `?after=N` (newer, oldest first, for the live view) or `?before=N` (older,
     newest first, for "load older"). Headers say where the next page starts."""

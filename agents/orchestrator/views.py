@@ -12,7 +12,7 @@ from django.db.models.expressions import RawSQL
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from accounts.models import User
 from agents.hooks.lifecycle import FEEDBACK_HEADING
@@ -66,7 +66,7 @@ def plan_views(saga: Saga, prompts: list[Prompt]) -> list[dict[str, Any]]:
 
 
 @login_required
-@require_GET
+@require_safe
 def prompt_page(request: HttpRequest, saga_id: UUID, prompt_id: UUID) -> HttpResponse:
     """One prompt's plan view on a page of its own, for anyone who may see the saga: an older prompt
     that the saga page no longer shows, or a link to one (it stays readable after the saga ends)."""

@@ -40,6 +40,9 @@ def test_with_a_token_only_its_bearer_reads_the_metrics(client: Client, settings
     assert get(client, f"Token {TOKEN}")[0] == 401  # the API's scheme is not this one's
     status, text = get(client, f"Bearer {TOKEN}", remote="10.1.2.3")
     assert status == 200 and "agora_turns" in text and "agora_runs" in text
+    # HEAD as GET (a monitor's check), no body; and the same rule
+    assert client.head("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    assert client.head("/metrics").status_code == 401
 
 
 def test_without_a_token_only_loopback_in_debug_reads_them(client: Client, settings: LazySettings) -> None:

@@ -78,6 +78,14 @@ def field_block(html: str, name: str) -> str:
 # --- the list ----------------------------------------------------------------------------------
 
 
+def test_the_pages_answer_head_as_get(cast: Cast, alice: User, mallory: User) -> None:
+    """A monitor's or a link checker's HEAD (RFC 9110: a server supports GET and HEAD) was 405."""
+    pages = ["/", page_url(cast.saga), reverse("sagas:part", args=[cast.saga.pk, "team"])]
+
+    assert [client_for(alice).head(url).status_code for url in pages] == [200, 200, 200]
+    assert client_for(mallory).head(page_url(cast.saga)).status_code == 404  # and the same rule as GET
+
+
 def test_list_shows_only_the_sagas_each_person_may_see(cast: Cast, alice: User, bob: User, mallory: User) -> None:
     elsewhere = actions.create_saga(title="Mallory's plot", owner=mallory)
 
