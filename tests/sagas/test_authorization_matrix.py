@@ -248,7 +248,8 @@ WEBSOCKET_EXPECTED = {"anonymous": False, "outsider": False, "foreign": False, "
 
 @pytest.mark.django_db(transaction=True)
 async def test_the_journal_websocket_opens_for_collaborators_only(cast: Cast, bob: User, mallory: User) -> None:
-    assert [str(p.pattern) for p in websocket_urlpatterns] == ["ws/sagas/<uuid:saga_id>/journal/"]
+    # The one socket, and the refusal of every other path (as an unknown saga).
+    assert [str(p.pattern) for p in websocket_urlpatterns] == ["ws/sagas/<uuid:saga_id>/journal/", ""]
     from channels.db import database_sync_to_async
 
     def headers(role: str) -> list[tuple[bytes, bytes]]:
