@@ -4,7 +4,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views import defaults
@@ -58,7 +58,7 @@ def problem_response(status_code: int, code: str, title: str, detail: str) -> Js
 def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, Problem):
         return problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
-    if isinstance(exc, SuspiciousOperation):  # Django refused what it read (too big, too many fields or files)
+    if isinstance(exc, READ_REFUSALS):  # Django refused the request as it read it
         return problem(*refusal(exc))
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
@@ -79,20 +79,32 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     return response
 
 
-def refusal(exc: SuspiciousOperation) -> tuple[int, str, str, str]:
-    """What Django's refusal of a request it read (SuspiciousOperation) answers: status, code,
-    title, detail."""
+# What Django refuses as it reads a request: a body past its limit, more fields or files than it reads.
+READ_REFUSALS = (RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent)
+
+
+def refusal(exc: Exception) -> tuple[int, str, str, str]:
+    """What a refusal of READ_REFUSALS answers: status, code, title, detail (in words of ours:
+    Django's name its settings)."""
     if isinstance(exc, RequestDataTooBig):
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE  # Django's own message names the setting
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return 413, "payload_too_large", "Payload too large", f"Limit is {limit} bytes for a request body."
-    return 400, "invalid_payload", "Invalid payload", f"The request was refused: {exc}"
+    limit = (
+        settings.DATA_UPLOAD_MAX_NUMBER_FILES
+        if isinstance(exc, TooManyFilesSent)
+        else settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+    )
+    what = "files" if isinstance(exc, TooManyFilesSent) else "fields"
+    return 400, "invalid_payload", "Invalid payload", f"More than {limit} {what} in one request."
 
 
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     """Django's handler400, for a refusal raised before any view (a middleware read the body or the
-    query string): a problem for API clients, a plain page that says why for browsers."""
-    status, code, title, detail = refusal(exception) if isinstance(exception, SuspiciousOperation) else (
-        400, "invalid_payload", "Invalid payload", "The request was refused.")  # fmt: skip
+    query string): for READ_REFUSALS, a problem for API clients and a page that says why for
+    browsers; any other refusal (a Host not allowed) Django's own answer, which says nothing."""
+    if not isinstance(exception, READ_REFUSALS):
+        return defaults.bad_request(request, exception)
+    status, code, title, detail = refusal(exception)
     if request.path_info.startswith("/api/"):
         return problem_response(status, code, title, detail)
     return render(request, "400.html", {"title": title, "detail": detail}, status=status)

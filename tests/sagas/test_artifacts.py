@@ -165,7 +165,8 @@ def test_what_django_refuses_while_reading_a_request_is_a_problem_with_a_code(
     else:
         answered = api.get(url(team) + "?" + "&".join(f"{k}={v}" for k, v in many.items()))
 
-    assert problem(answered, 400, "invalid_payload")["detail"].startswith("The request was refused: The number of")
+    limit = "100 files" if refused == "files" else "1000 fields"
+    assert problem(answered, 400, "invalid_payload")["detail"] == f"More than {limit} in one request."
     assert not Artifact.objects.exists()
 
 
