@@ -1,5 +1,6 @@
 """The one settings module. Everything that differs between machines comes from the environment."""
 
+import math
 import os
 import secrets
 from pathlib import Path
@@ -22,10 +23,12 @@ def env_list(name: str, default: str) -> list[str]:
 TEN_YEARS_S = 10 * 365 * 24 * 3600
 
 
-def env_number(name: str, default: float, *, whole: bool = False, most: float = TEN_YEARS_S) -> Any:
-    """A number from the environment, from 0 to `most` (seconds: at most ten years, past which a
-    deadline overflows a date); anything else stops the start with the variable's name, rather
-    than a bare ValueError or a server error at each request that uses it."""
+def env_number(name: str, default: float, *, whole: bool = False, most: float | None = None) -> Any:
+    """A number from the environment, from 0 to `most` (a whole number: a count or a size, unbounded
+    unless given; else seconds, at most ten years, past which a deadline overflows a date);
+    anything else stops the start with the variable's name, rather than a bare ValueError or a
+    server error at each request that uses it."""
+    most = most if most is not None else math.inf if whole else TEN_YEARS_S
     raw = os.environ.get(name)
     if raw is None:
         return int(default) if whole else float(default)
@@ -34,7 +37,7 @@ def env_number(name: str, default: float, *, whole: bool = False, most: float = 
     except ValueError:
         raise ImproperlyConfigured(f"{name} is a {'whole ' if whole else ''}number, not {raw!r}.") from None
     if not 0 <= value <= most:  # NaN too
-        raise ImproperlyConfigured(f"{name} is from 0 to {most:g}, not {raw!r}.")
+        raise ImproperlyConfigured(f"{name} is from 0 {'up' if math.isinf(most) else f'to {most:g}'}, not {raw!r}.")
     return value
 
 

@@ -13,7 +13,14 @@ from tests.support import BASE_DIR, child_env
 
 @pytest.mark.parametrize(
     ("raw", "whole", "read"),
-    [(None, False, 60.0), ("2.5", False, 2.5), ("0", True, 0), (None, True, 8), (str(TEN_YEARS_S), False, TEN_YEARS_S)],
+    [
+        (None, False, 60.0),
+        ("2.5", False, 2.5),
+        ("0", True, 0),
+        (None, True, 8),
+        (str(TEN_YEARS_S), False, TEN_YEARS_S),
+        ("1073741824", True, 1073741824),  # a count or a size has no bound above (a GiB of artifact)
+    ],
 )
 def test_a_number_in_its_range_is_read(
     monkeypatch: pytest.MonkeyPatch, raw: str | None, whole: bool, read: float
@@ -33,6 +40,7 @@ def test_a_number_in_its_range_is_read(
         ("abc", False, "AGORA_TEST_NUMBER is a number, not 'abc'."),
         ("2.5", True, "AGORA_TEST_NUMBER is a whole number, not '2.5'."),
         ("-1", False, "AGORA_TEST_NUMBER is from 0 to 3.1536e+08, not '-1'."),
+        ("-1", True, "AGORA_TEST_NUMBER is from 0 up, not '-1'."),
         ("1e12", False, "AGORA_TEST_NUMBER is from 0 to 3.1536e+08, not '1e12'."),
         ("nan", False, "AGORA_TEST_NUMBER is from 0 to 3.1536e+08, not 'nan'."),
         ("inf", False, "AGORA_TEST_NUMBER is from 0 to 3.1536e+08, not 'inf'."),
