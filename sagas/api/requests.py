@@ -200,15 +200,15 @@ class SteeringFeedApi(ApiView):
         me = Collaborator.objects.filter(user=principal(request), kind=Collaborator.Kind.AGENT).first()
         if me is None:
             raise errors.Forbidden("Only agents have steering.")
-        slot = hold_wait(me) if wait_s else None  # before anything is written
+        items = list(steering_after(me.pk, after))
+        slot = hold_wait(me) if wait_s and not items else None  # a wait's place, before anything is written
         try:
             actions.acknowledge_steering(recipient=me, upto_seq=after)
-            items = list(steering_after(me.pk, after))
-            if items or slot is None:
-                return Response(s.SteeringOutput({"items": items}).data)
-            waiting, slot = slot, None  # the wait holds it from here
-        finally:
+        except BaseException:
             if slot is not None:
                 slot.release()
+            raise
+        if slot is None:
+            return Response(s.SteeringOutput({"items": items}).data)
         check = partial(steering_check, me.pk, after, time.monotonic() + wait_s)
-        return WaitingResponse({"items": []}, status=200, wait=Wait(steering_channel(me.pk), check, slot=waiting))
+        return WaitingResponse({"items": []}, status=200, wait=Wait(steering_channel(me.pk), check, slot=slot))

@@ -179,11 +179,9 @@ def test_a_wait_over_the_cap_is_refused_before_anything_is_written(team: Team, s
     assert api.get("/api/v1/steering/?wait=0.05").status_code == 200
 
 
-def test_a_long_poll_takes_its_slot_before_it_acknowledges_and_gives_it_back_when_items_are_there(
-    team: Team, settings: LazySettings
-) -> None:
+def test_a_long_poll_takes_a_slot_only_to_wait_and_before_it_acknowledges(team: Team, settings: LazySettings) -> None:
     """The cursor a long-poll acknowledges is a write (items read, requests delivered): a poll
-    refused for its wait acknowledges nothing; one that finds items at once holds no slot after."""
+    refused for its wait acknowledges nothing; one that finds items at once needs no slot."""
     tester, coder = client_for(team.user("tester"), "Bearer"), client_for(team.user("coder"), "Bearer")
     asks = f"/api/v1/sagas/{team.saga.pk}/requests/"
     first = tester.post(asks, {"to": "agent:coder", "type": "x", "payload": {}}, format="json").data["request_id"]
@@ -195,11 +193,11 @@ def test_a_long_poll_takes_its_slot_before_it_acknowledges_and_gives_it_back_whe
 
     assert AgentRequest.objects.get(pk=first).status == "pending"
     assert not JournalEvent.objects.filter(saga=team.saga, type="request.delivered").exists()
-    held.release()
     tester.post(asks, {"to": "agent:coder", "type": "y", "payload": {}}, format="json")
-    found = coder.get(f"/api/v1/steering/?after={item['seq']}&wait=5")
+    found = coder.get(f"/api/v1/steering/?after={item['seq']}&wait=5")  # at its cap still: nothing to wait for
     assert [i["type"] for i in found.data["items"]] == ["y"] and AgentRequest.objects.get(pk=first).status != "pending"
-    hold_wait(team["coder"]).release()  # the poll that found items gave its slot back
+    held.release()
+    hold_wait(team["coder"]).release()  # and it held none
 
 
 def test_a_renewed_wait_is_counted_past_its_first_lapse(
