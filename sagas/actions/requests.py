@@ -62,7 +62,8 @@ def ask_agent(
     wait_s = min(float(settings.AGORA_DEFAULT_WAIT_S if timeout_s is None else timeout_s), settings.AGORA_MAX_WAIT_S)
     if wait_s <= 0:
         raise errors.InvalidPayload("Bad timeout.", errors={"timeout_s": ["Must be positive."]})
-    given = {} if timeout_s is None else {"timeout_s": timeout_s}  # (a body without it hashes as it always has)
+    # A wait's timeout is its body's too (a body without one hashes as it always has); async has none.
+    given = {"timeout_s": timeout_s} if mode == AgentRequest.Mode.WAIT and timeout_s is not None else {}
     digest = body_hash(to=to, type=type, payload=payload, mode=mode, **given)
     saga = lock_saga(sender.saga_id)
     facts = read_ask(saga, sender, to.partition(":")[2], idempotency_key)

@@ -127,13 +127,16 @@ def test_an_idempotency_key_replays_the_first_request_and_refuses_another_body(t
     problem(
         ask(tester, team, {**body, "payload": {"n": 2}}, **{"Idempotency-Key": "call-1"}), 409, "idempotency_conflict"
     )
-    # The timeout is the body's too, once given: another one is another body.
-    timed = {**body, "mode": "async", "timeout_s": 5}
-    assert ask(tester, team, timed, **{"Idempotency-Key": "call-2"}).status_code == 202
+    # A wait's timeout is its body's too, once given: another one is another body (async has none).
+    timed = {**body, "mode": "wait", "timeout_s": 0.2}
+    assert ask(tester, team, timed, **{"Idempotency-Key": "call-2"}).status_code == 202  # timed out
     assert ask(tester, team, timed, **{"Idempotency-Key": "call-2"}).status_code == 202
     longer = {**timed, "timeout_s": 250}
     problem(ask(tester, team, longer, **{"Idempotency-Key": "call-2"}), 409, "idempotency_conflict")
-    assert AgentRequest.objects.filter(sender=team["tester"]).count() == 2
+    untimed = {**body, "mode": "async", "timeout_s": 5}
+    assert ask(tester, team, untimed, **{"Idempotency-Key": "call-3"}).status_code == 202
+    assert ask(tester, team, {**untimed, "timeout_s": 9}, **{"Idempotency-Key": "call-3"}).status_code == 202
+    assert AgentRequest.objects.filter(sender=team["tester"]).count() == 3
 
 
 def test_hop_limit(team: Team, as_agent: Client, settings: LazySettings) -> None:
