@@ -42,6 +42,8 @@ def ask_human(
         if (first.addressee_id, first.title, first.fields) != (addressee.pk, title, schema):
             raise errors.IdempotencyConflict("This Idempotency-Key was already used for a different form.")
         return first, False
+    if asker.run.is_finished:  # no answer would reach it (finish_run() withdraws the forms it asked)
+        raise errors.InvalidState(f"{asker.handle} has ended: no answer would reach it.")
     check_form_caps(saga, asker)
     human_request = HumanRequest.objects.create(
         saga=saga, asker=asker, addressee=addressee, title=title, fields=schema, idempotency_key=idempotency_key
@@ -67,17 +69,22 @@ def answer_human_request(*, human_request_id: str, answer: Any, by: User) -> Hum
     lock_saga(human_request.saga_id)
     if human_request.addressee.user_id != by.pk:
         raise errors.Forbidden("Only the person it is addressed to answers a form.")
-    # Read again under the lock: a form closed meanwhile says so, whatever the answer.
-    status = HumanRequest.objects.filter(pk=human_request.pk).values_list("status", flat=True).get()
-    if status == HumanRequest.Status.CANCELLED:
+    # Its status read again under the lock: a form closed meanwhile says so, whatever the answer.
+    human_request.status = HumanRequest.objects.values_list("status", flat=True).get(pk=human_request.pk)
+    if human_request.status == HumanRequest.Status.CANCELLED:
         raise errors.RequestClosed(f"{human_request_id} was withdrawn: its asker or its saga has ended.")
-    if status != HumanRequest.Status.PENDING:
+    if human_request.status != HumanRequest.Status.PENDING:
         raise errors.AlreadyAnswered(f"{human_request_id} was already answered.")
     clean = forms.check_answer(human_request.fields, answer)
-    HumanRequest.objects.filter(pk=human_request.pk, status=HumanRequest.Status.PENDING).update(
-        status=HumanRequest.Status.ANSWERED, answer=clean, answered_by=by, answered_at=timezone.now()
-    )
-    human_request.refresh_from_db()
+    answered = {
+        "status": HumanRequest.Status.ANSWERED,
+        "answer": clean,
+        "answered_by": by,
+        "answered_at": timezone.now(),
+    }
+    HumanRequest.objects.filter(pk=human_request.pk, status=HumanRequest.Status.PENDING).update(**answered)
+    for name, value in answered.items():
+        setattr(human_request, name, value)
     push_steering(
         recipient=human_request.asker, kind=SteeringItem.Kind.HUMAN_RESPONSE, sender=human_request.addressee.handle,
         human_request=human_request, payload=clean,

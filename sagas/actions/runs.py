@@ -104,8 +104,8 @@ _FINISH_SQL = prepared(
     "waiting_on_id = NULL, waiting_on_remote_id = NULL, wait_until = NULL "
     f"WHERE id = %s AND status IN ({placeholders(len(_UNFINISHED))}) "
     # whether its agent asked forms still waiting for an answer (finish_run() withdraws them)
-    f"RETURNING id, EXISTS (SELECT 1 FROM {HumanRequest._meta.db_table} h WHERE h.asker_id = %s "
-    f"AND h.status = '{HumanRequest.Status.PENDING.value}')"
+    f"RETURNING id, EXISTS (SELECT 1 FROM {HumanRequest._meta.db_table} h "
+    f"WHERE h.asker_id = %s AND h.status IN ({literals([HumanRequest.Status.PENDING.value])}))"
 )
 # A finished run waits on nothing: its requests' wait edges end (the waits-for graph, check_no_cycle).
 _END_WAITS_SQL = (

@@ -173,6 +173,11 @@ def test_a_form_whose_asker_finished_is_withdrawn(team: Team, bob: User) -> None
     problem(as_bob.post(f"/api/v1/human-requests/{hid}/answer/", {"answer": {"ok": True}}, format="json"), 409,
             "request_closed")  # fmt: skip
     assert SteeringItem.objects.filter(kind=SteeringItem.Kind.HUMAN_RESPONSE).count() == 0
+    # Nor may it ask another.
+    form = {"to": "human:bob", "title": "Q", "fields": [{"name": "ok", "type": "boolean"}]}
+    again = coder.post(f"/api/v1/sagas/{team.saga.pk}/human-requests/", form, format="json")
+    problem(again, 409, "invalid_state")
+    assert HumanRequest.objects.count() == 1
 
 
 @pytest.mark.parametrize("answer", [{"ok": True}, {}, {"ok": "maybe"}])
@@ -183,7 +188,9 @@ def test_a_closed_form_says_so_whatever_the_answer(team: Team, bob: User, answer
     as_bob = client_for(bob)
     assert as_bob.post(f"/api/v1/human-requests/{answered}/answer/", {"answer": {"ok": False}},
                        format="json").status_code == 200  # fmt: skip
-    HumanRequest.objects.filter(pk=withdrawn).update(status=HumanRequest.Status.CANCELLED)
+    coder = client_for(team.user("coder"), "Bearer")
+    coder.post(f"/api/v1/runs/{team.run('coder').pk}/status/", {"status": "finished"}, format="json")  # withdraws
+    assert HumanRequest.objects.get(pk=withdrawn).status == HumanRequest.Status.CANCELLED
 
     for hid, code in ((withdrawn, "request_closed"), (answered, "already_answered")):
         problem(as_bob.post(f"/api/v1/human-requests/{hid}/answer/", {"answer": answer}, format="json"), 409, code)
