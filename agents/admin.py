@@ -6,17 +6,18 @@ from django.utils.html import format_html
 
 from agents.hooks import admin as hooks_admin  # noqa: F401  (registers hook handlers and results)
 from agents.models import AgentProfile, TranscriptEntry
+from config.admin_lists import ListsAdmin
 
 
 @admin.register(AgentProfile)
-class AgentProfileAdmin(admin.ModelAdmin):
+class AgentProfileAdmin(ListsAdmin):
     list_display = ("name", "role", "model", "fallback_models", "resumable", "max_turns", "updated_at")
     search_fields = ("name", "role", "model")
     list_filter = ("resumable", "endpoint")
 
 
 @admin.register(TranscriptEntry)
-class TranscriptEntryAdmin(admin.ModelAdmin):
+class TranscriptEntryAdmin(ListsAdmin):
     """A run's conversation, for inspection only: it is what a crashed run resumes from."""
 
     list_display = ("run", "seq", "turn", "role", "tokens", "created_at")

@@ -5,10 +5,11 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from agents.hooks.models import HookHandler, HookResult
+from config.admin_lists import ListsAdmin
 
 
 @admin.register(HookHandler)
-class HookHandlerAdmin(admin.ModelAdmin):
+class HookHandlerAdmin(ListsAdmin):
     list_display = ("name", "brain", "event", "matcher", "type", "timeout_s", "updated_at")
     list_filter = ("event", "type", "brain")
     search_fields = ("name", "brain", "matcher")
@@ -21,7 +22,7 @@ class HookHandlerAdmin(admin.ModelAdmin):
 
 
 @admin.register(HookResult)
-class HookResultAdmin(admin.ModelAdmin):
+class HookResultAdmin(ListsAdmin):
     list_display = ("key", "handler", "event", "status", "duration_ms", "created_at")
     list_filter = ("event", "status")
     search_fields = ("=key", "handler")

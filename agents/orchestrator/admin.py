@@ -8,10 +8,11 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from agents.orchestrator.models import Brain, Prompt
+from config.admin_lists import ListsAdmin
 
 
 @admin.register(Brain)
-class BrainAdmin(admin.ModelAdmin):
+class BrainAdmin(ListsAdmin):
     """Its form validates through `Brain.clean`, the checks `load_brains` applies: a brain that would
     not route (a signal that does not compile) or not delegate (a profile that does not exist) is
     refused with the field's error, not saved."""
@@ -21,7 +22,7 @@ class BrainAdmin(admin.ModelAdmin):
 
 
 @admin.register(Prompt)
-class PromptAdmin(admin.ModelAdmin):
+class PromptAdmin(ListsAdmin):
     list_display = ("id", "saga", "brain", "status", "step", "created_at")
     list_filter = ("status", "step")
     search_fields = ("=id", "text")

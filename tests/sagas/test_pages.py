@@ -476,7 +476,10 @@ def test_admin_pages_render_and_link_to_the_saga(cast: Cast, alice: User) -> Non
             "created_at__year={0}", "created_at__year=2026&created_at__month={0}",
             "created_at__year=2026&created_at__month=3&created_at__day={0}",
         )),  # their date hierarchies
-        ("sagas/run", "created_at__year={0}"),  # a plain lookup, where there is no hierarchy
+        # a plain lookup, where there is no hierarchy: every admin list of the project
+        *((listed, "created_at__year={0}") for listed in ("sagas/run", "agents/prompt", "agents/transcriptentry",
+                                                          "agents/hookresult", "accounts/apitoken")),
+        ("accounts/user", "date_joined__year={0}"),
     ],
 )  # fmt: skip
 def test_an_admin_list_takes_a_number_no_column_holds_as_a_bad_lookup(
