@@ -95,11 +95,13 @@ def follow(call_id: str, step: int) -> None:
         actions.record_attempts(call_id=call.pk, attempts=attempts)
         fail(call, exc.code, str(exc))
         return
-    if why := unheld_ids(task):  # neither followed nor kept: a remote agent's ids are short text
+    state = task.status.state
+    open_task = state not in FAILED_STATES and state != pb.TASK_STATE_COMPLETED
+    # What is kept of the task: its id, and for one to look at again its context id.
+    if why := unheld(task.id, "task_id") or (unheld(task.context_id, "context_id") if open_task else ""):
         actions.record_attempts(call_id=call.pk, attempts=attempts)
         fail(call, "remote_error", f"{call.agent_name} answered {why}.")
         return
-    state = task.status.state
     if state == pb.TASK_STATE_COMPLETED:
         actions.record_attempts(call_id=call.pk, attempts=attempts)
         actions.settle_remote_call(
@@ -178,16 +180,11 @@ def value_of(part: pb.Part) -> Any:
     return body.get("data") if kind == "data" else body
 
 
-def unheld_ids(task: pb.Task) -> str:
-    """What of a task's ids no column holds (longer than the call's columns, or text no database
-    stores), if anything."""
-    for what, value in (("task id", task.id), ("context id", task.context_id)):
-        if len(value) > ID_MAX or text_problem(value):
-            return f"a {what} no column holds ({len(value)} characters)"
+def unheld(value: str, column: str) -> str:
+    """Why the call's column cannot hold a task's id (too long, or text no database stores), or ""."""
+    if len(value) > (RemoteCall._meta.get_field(column).max_length or 0) or text_problem(value):
+        return f"a {column.replace('_', ' ')} no column holds ({len(value)} characters)"
     return ""
-
-
-ID_MAX = RemoteCall._meta.get_field("task_id").max_length or 0
 
 
 def text_of(parts: Any) -> str:

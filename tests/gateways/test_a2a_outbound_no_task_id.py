@@ -95,7 +95,8 @@ def test_what_a_remote_agent_answers_is_kept_with_what_no_column_stores_replaced
 ) -> None:
     settings.AGORA_A2A_REMOTE_PRIVATE_URLS = True
     answer = {"role": "ROLE_AGENT", "messageId": "m", "parts": [{"text": "done\u0000 here"}]}
-    Anonymous.task = {"id": "t", "contextId": "c", "status": {"state": "TASK_STATE_COMPLETED", "message": answer}}
+    # A finished task's context id is not kept: however long, its answer is.
+    Anonymous.task = {"id": "t", "contextId": "c" * 201, "status": {"state": "TASK_STATE_COMPLETED", "message": answer}}
     call = call_to(remote, alice)
 
     outbound.follow(call.pk, call.step)
