@@ -21,6 +21,7 @@ from typing import Any
 from django.db import DatabaseError
 from mcp import MCPError
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, TextContent
+from pydantic import ValidationError
 
 from agents.mcp.connections import ConnectFailed, Connection, open_for, pool
 from agents.mcp.models import McpServer
@@ -217,7 +218,7 @@ class RunTools:
                 message = f"MCP server {offered.server} is unavailable: {exc.message}"
                 return {"error": {"code": "unavailable", "message": message}}, "unavailable"
             return {"error": {"code": "mcp_error", "message": exc.message}}, "error"
-        except (ValueError, TypeError) as exc:  # pydantic's ValidationError: the answer is not a tool result
+        except ValidationError as exc:  # the SDK read the answer: it is not a tool result
             logger.warning("MCP server %s: %s answered no tool result: %r", offered.server, offered.tool, exc)
             message = f"{offered.tool} answered what is not a tool result ({type(exc).__name__})."
             return {"error": {"code": "tool_error", "message": message}}, "tool_error"
