@@ -127,10 +127,10 @@ def matches(handler: HookHandler, role: str) -> bool:
 def longest_run(event: Event | str, *, brain: str = "") -> float:
     """The longest one run of `event`'s handlers for `brain` may take, in seconds (0: none): they
     run side by side, so the slowest one's deadline (run_in_parallel())."""
-    return max((deadline(h) for h in handlers_for(event, brain=brain)), default=0.0)
+    return max((longest_wait(h) for h in handlers_for(event, brain=brain)), default=0.0)
 
 
-def deadline(handler: HookHandler) -> float:
+def longest_wait(handler: HookHandler) -> float:
     """How long the runner waits for a handler: its timeout, and for a command or a webhook, which
     report their own timeout, the grace for that report (a python handler cannot be stopped)."""
     return handler.timeout_s + (0.0 if handler.type == HookHandler.Type.PYTHON else REPORT_GRACE_S)
@@ -144,7 +144,7 @@ def run_in_parallel(handlers: list[HookHandler], event_json: str) -> Iterator[tu
     started = time.monotonic()
     deadlines: dict[int, float] = {}
     for index, handler in enumerate(handlers):
-        deadlines[index] = started + deadline(handler)
+        deadlines[index] = started + longest_wait(handler)
         threading.Thread(
             target=lambda i=index, h=handler: results.put((i, run_handler(h, event_json))),
             name=f"hook-{handler.label}",

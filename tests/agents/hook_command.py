@@ -7,6 +7,7 @@
 --times FILE        write "start end" (wall clock) around its sleep to FILE
 --sleep S           sleep S seconds (stopping early if its parent dies: no orphan outlives a test)
 --hang-unless FILE  if FILE does not exist, create it and sleep 60 s; otherwise go on
+--wait-for FILE     wait until FILE exists (a gate the test opens), at most 60 s
 --print TEXT        print TEXT on stdout
 --exit N            exit with status N
 """
@@ -27,7 +28,7 @@ def nap(seconds: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    for option in ("--stdin-to", "--count", "--pid", "--child", "--times", "--hang-unless", "--print"):
+    for option in ("--stdin-to", "--count", "--pid", "--child", "--times", "--hang-unless", "--wait-for", "--print"):
         parser.add_argument(option)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--exit", type=int, default=0)
@@ -47,6 +48,10 @@ def main() -> None:
     if args.hang_unless and not Path(args.hang_unless).exists():
         Path(args.hang_unless).write_text("hung once")
         nap(60)
+    if args.wait_for:
+        parent, deadline = os.getppid(), time.monotonic() + 60
+        while not Path(args.wait_for).exists() and time.monotonic() < deadline and os.getppid() == parent:
+            time.sleep(0.02)
     start = time.time()
     nap(args.sleep)
     if args.times:

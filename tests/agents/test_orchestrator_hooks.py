@@ -268,9 +268,9 @@ def test_a_doorbell_while_a_steps_hooks_run_leaves_the_step_to_them(
     from agents.orchestrator import steps
 
     settings.AGORA_HOOKS_INLINE = True  # the second doorbell is rung here, in this process
-    ran = tmp_path / "ran"
+    ran, gate = tmp_path / "ran", tmp_path / "gate"
     noted = json.dumps({"additional_context": "Noted."})
-    load_hooks(entries=[command("slow", event, "--count", str(ran), "--sleep", "3", "--print", noted)])
+    load_hooks(entries=[command("slow", event, "--count", str(ran), "--wait-for", str(gate), "--print", noted)])
     plan = {"primary_role": "coder", "workers": [], "requires_review": False, "reason": "Small."}
     fake_llm.script("router-m", say(json.dumps(plan)))
     fake_llm.script("coder-m", say("", tool_call("finish", {"result": "Use an opaque cursor."})))
@@ -281,9 +281,11 @@ def test_a_doorbell_while_a_steps_hooks_run_leaves_the_step_to_them(
     started = submit(client, saga, prompt="Implement the cursor.", brain="fake", team=team)
     wait_until(ran.exists, timeout=60, what=f"the {event} hook to start")
 
-    steps.advance(started["prompt_id"])  # the second doorbell, while the hook sleeps
+    steps.advance(started["prompt_id"])  # the second doorbell, while the hook waits at its gate
 
     assert ran.read_text() == "ran\n"  # it did not run the hook again
+    assert Prompt.objects.get(pk=started["prompt_id"]).step_until is not None  # the first one's lease
+    gate.touch()
     body = settled(client, started["prompt_id"])
     assert body["status"] == "completed", body
     assert ran.read_text() == "ran\n"
@@ -298,6 +300,7 @@ def test_routing_holds_its_lease_for_the_hooks_before_it_too(saga: Saga, alice: 
     hooks' deadlines as well, so that the periodic resume does not run them again meanwhile."""
     from django.utils import timezone
 
+    from agents.hooks.runner import REPORT_GRACE_S
     from agents.orchestrator.actions import submit_prompt
     from agents.orchestrator.hooking import claim_routing
 
@@ -313,4 +316,5 @@ def test_routing_holds_its_lease_for_the_hooks_before_it_too(saga: Saga, alice: 
     assert prompt.step_until is not None
     # The router's lease, the command's timeout with the grace for its report, the python handler's.
     lease = (prompt.step_until - before).total_seconds()
-    assert 60 + 405 + 30 <= lease < 60 + 405 + 30 + 5, lease
+    hooks = 400 + REPORT_GRACE_S + 30  # the command's timeout with the grace for its report, the python handler's
+    assert 60 + hooks <= lease < 60 + hooks + 5, lease
