@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.orchestrator.models import is_brain_worker, lead_of
+from agents.orchestrator.models import Prompt, is_brain_worker, lead_of
 from config.payloads import MalformedJson, Unstorable, loads
 from sagas import actions, errors
 from sagas.access import collaborator_card, visible_collaborators
@@ -47,7 +47,7 @@ def ask_agent(
     call: Call, to: str, type: str, payload: Any, mode: str = "async", timeout_s: float | None = None
 ) -> Outcome:
     name = call.collaborator.name
-    if is_brain_worker(name) and to == f"agent:{lead_of(name)}":
+    if is_brain_worker(name) and to == f"agent:{lead_of(name)}" and leads_a_prompt(call.collaborator.saga_id, to):
         raise errors.RecipientUnavailable(
             "The prompt's lead takes no questions: answer with what you have and name what is missing in "
             "next_questions, or ask a person (ask_human)."
@@ -60,6 +60,12 @@ def ask_agent(
         return Outcome({"request_id": request.pk, "status": request.status})
     actions.park_on_request(run=call.run, turn=call.turn, request_id=request.pk, tool_call_id=call.call_id)
     return Outcome(None)
+
+
+def leads_a_prompt(saga_id: Any, handle: str) -> bool:
+    """Whether the agent `handle` leads a prompt: `brain-` in a name alone reserves nothing (an
+    agent named after its profile, and its delegates, ask one another as any others do)."""
+    return Prompt.objects.filter(saga_id=saga_id, lead__name=handle.removeprefix("agent:")).exists()
 
 
 def ask_remote_agent(

@@ -56,7 +56,10 @@ def is_image_url(url: object) -> bool:
     image uploaded to the saga is an artifact, referenced in the prompt's text instead)."""
     if not isinstance(url, str) or len(url) > MAX_IMAGE_URL or not url.isprintable() or " " in url:
         return False
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a host Python's splitter refuses (`http://[::1`)
+        return False
     return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 

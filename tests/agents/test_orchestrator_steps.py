@@ -339,3 +339,23 @@ def test_the_step_that_starts_the_primary_has_its_profile_read_with_the_last_wor
     assert done.status == "completed" and (done.plan or {}).get("primary_role") == "coder", done.reason
     assert Collaborator.objects.filter(saga=saga, name=done.worker_name("primary"), role="coder").exists()
     assert read == ([] if connection.vendor == "postgresql" else ["brain-coder"])
+
+
+@pytest.mark.parametrize("policy", [Saga.Policy.HUB, Saga.Policy.TREE])
+def test_an_agent_named_brain_something_is_asked_as_any_other(default_brain: None, alice: User, policy: str) -> None:
+    """Only a prompt's lead takes no questions from its workers: `brain-` in a name reserves
+    nothing, and an agent's delegate asks it (under `hub`, the one agent it may address)."""
+    from agents.tools import Call, execute
+    from sagas import actions
+    from sagas.models import AgentRequest, Run
+
+    saga = actions.create_saga(title="Ops", goal="Run ops", owner=alice, policy=policy)
+    actions.add_agent(saga=saga, name="brain-ops", role="Ops", task="t", runtime="external", by=alice)
+    helper, _ = actions.add_agent(saga=saga, name="brain-ops.helper", role="Helper", task="t", runtime="external",
+                                  parent="agent:brain-ops", by=alice)  # fmt: skip
+    call = Call(run=Run.objects.get(collaborator=helper), collaborator=helper, turn=1, call_id="c1")
+
+    asked = execute(call, "ask_agent", json.dumps({"to": "agent:brain-ops", "type": "q", "payload": {}}), ["ask_agent"])
+
+    assert (asked.result or {}).get("status") == "pending", asked.result
+    assert AgentRequest.objects.filter(sender=helper, recipient__name="brain-ops").count() == 1
