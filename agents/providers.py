@@ -114,9 +114,18 @@ def completion_from(model: str, answer: Any) -> Completion:
         model=model,
         content=content,
         tool_calls=calls,
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
+        prompt_tokens=token_count(usage.get("prompt_tokens")),
+        completion_tokens=token_count(usage.get("completion_tokens")),
     )
+
+
+def token_count(value: Any) -> int:
+    """A count of tokens a completion's usage gives: a whole number a transcript's column holds
+    (none: 0); anything else (infinite, negative, past 2^31) is no completion's."""
+    value = value or 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 2**31 or value % 1:
+        raise TypeError(f"a token count is a whole number from 0, not {value!r}")
+    return int(value)
 
 
 def tool_call_of(call: dict[str, Any]) -> dict[str, str]:

@@ -146,6 +146,8 @@ class FakeLLM:
                 if reply == NOT_JSON:
                     return self.send(200, b"<html>upstream proxy error</html>")
                 assert isinstance(reply, dict)
+                usage = reply.get("usage", {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18})
+                reply = {key: value for key, value in reply.items() if key != "usage"}  # a test's own usage
                 self.send(
                     200,
                     {
@@ -160,7 +162,7 @@ class FakeLLM:
                                 "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop",
                             }
                         ],
-                        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+                        "usage": usage,
                     },
                 )
 

@@ -54,6 +54,13 @@ def call_with(*, id: Any = "c1", name: Any = "finish", arguments: Any = "{}") ->
     return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
+ODD_USAGE: list[dict[str, Any]] = [
+    {"prompt_tokens": float("inf")},
+    {"prompt_tokens": -50},
+    {"completion_tokens": 3_000_000_000},
+    {"prompt_tokens": "12"},
+    {"prompt_tokens": 1.5},
+]
 ODD_CALLS: list[dict[str, Any]] = [{"name": None}, {"name": 7}, {"id": 7}, {"arguments": ["a"]}]
 
 
@@ -75,6 +82,8 @@ def test_arguments_sent_as_an_object_read_as_their_json(provider: OpenAICompatib
         ({"role": "assistant", "content": ["not", "text"]}, "MalformedResponse", True),
         # a tool call whose name, id or arguments are not text
         *((call_with(**odd), "MalformedResponse", True) for odd in ODD_CALLS),
+        # token counts no transcript column holds: the run looped on each (the turn raised)
+        *(({**say("Done."), "usage": usage}, "MalformedResponse", True) for usage in ODD_USAGE),
     ],
 )
 def test_each_failure_is_classed_for_the_fallback_chain(
