@@ -32,6 +32,7 @@ class Call:
 class Outcome:
     result: dict[str, Any] | None  # None: the call waits; its result comes when the run resumes
     finished: bool = False
+    rests: bool = False  # the turn ends with this call's result, and the run idles (a teammate's finish)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -112,7 +113,7 @@ def delegate(call: Call, name: str, role: str, task: str, profile: str | None = 
 
 def finish(call: Call, result: Any = None) -> Outcome:
     if call.run.team_id is not None:  # a teammate stays: it idles until steering wakes it
-        return Outcome({"status": "idle", "result": result})
+        return Outcome({"status": "idle", "result": result}, rests=True)
     return Outcome({"status": "completed"}, finished=True, extra={"result": result})
 
 

@@ -231,7 +231,7 @@ class Turns:
     def run_calls(self, calls: list[dict[str, Any]]) -> bool:
         """Run tool calls in order; True when the turn is over (the run parked or finished)."""
         assert self.profile is not None
-        for tool_call in calls:
+        for index, tool_call in enumerate(calls):
             if mcp.is_mcp_call(tool_call["name"]):
                 self.outside = tool_call  # made after this transaction commits what came before it
                 return False
@@ -244,6 +244,11 @@ class Turns:
                 self.ended(actions.end_turn_later(run=self.run, turn=self.turn, more=False))
                 return True
             self.transcript.append(self.turn, [tool_message(tool_call["id"], outcome.result)])
+            if outcome.rests:  # the calls after it are not made, and say so (each call has its result)
+                skipped = {"error": {"code": "not_run", "message": "Not made: finish ended the turn before it."}}
+                self.transcript.append(self.turn, [tool_message(c["id"], skipped) for c in calls[index + 1 :]])
+                self.end(more=False)
+                return True
         return False
 
     def call_outside(self) -> bool:

@@ -1,6 +1,7 @@
 """Persistent teams through a real Celery worker: a lead spawns teammates that idle between tasks,
 broadcasts to them, collects their answers and shuts one down."""
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,35 @@ def test_a_worker_killed_halfway_through_a_broadcast_rolls_it_back_and_the_retry
         assert SteeringItem.objects.filter(recipient=mate, broadcast=sent).count() == 1
     assert SteeringItem.objects.filter(broadcast__isnull=False).count() == 30
     assert len(events_of(saga, "team.broadcast")) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_teammates_finish_ends_its_turn_and_leaves_it_idle(saga: Saga, alice: User, model_here: FakeLLM) -> None:
+    """Its result goes back to the model as the call's result, and the turn ends there (calls
+    after it in the message are not made): it went on to another model call, and a model that
+    called finish again each time was asked until max_turns failed the teammate."""
+    from agents.executor import run_turn
+    from agents.transcripts import Transcript
+
+    again = tool_call("finish", {"result": "Again."}, "c2")
+    model_here.rule("mate-m", lambda body: say("", tool_call("finish", {"result": "Ready."}, "c1"), again))
+    load_profiles(entries=[{"name": "mate", "role": "Mate", "model": "mate-m", "tools": ["finish"], "max_turns": 4}])
+    lead, _ = actions.add_agent(saga=saga, name="lead", role="Lead", task="lead", runtime="external", by=alice)
+    mate, _ = actions.spawn_teammate(lead=lead, name="mate", role="Mate", prompt="Work.", profile="mate", by=lead.user)
+
+    for _ in range(3):  # a task's time slice may end between turns: the run would queue again
+        run_turn(mate.run.pk)
+
+    run = Run.objects.get(pk=mate.run.pk)
+    assert (run.status, len(model_here.calls_for("mate-m"))) == (Run.Status.IDLE, 1), run.error
+    transcript = Transcript(run.pk)
+    transcript.read_new()
+    results = {m["tool_call_id"]: json.loads(m["content"]) for m in transcript.messages if m["role"] == "tool"}
+    assert results["c1"] == {"status": "idle", "result": "Ready."}
+    assert results["c2"]["error"]["code"] == "not_run"  # every call has its result: the next request is valid
+
+    actions.broadcast(lead=lead, content={"task": "Next."}, by=lead.user)  # steering wakes it
+    run_turn(mate.run.pk)
+
+    assert len(model_here.calls_for("mate-m")) == 2 and Run.objects.get(pk=mate.run.pk).status == Run.Status.IDLE
+    assert "Next." in json.dumps(model_here.calls_for("mate-m")[-1]["messages"][-1])
