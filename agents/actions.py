@@ -33,6 +33,10 @@ PROFILE_TYPES: dict[str, Callable[[Any], bool]] = {
     "resumable": lambda value: isinstance(value, bool),
     "max_turns": whole, "max_tokens": whole,
 }  # fmt: skip
+WRONG_TYPE = (
+    "names and model ids are text; tools, fallback_models, requires and mcp_servers lists of them; "
+    "model_capabilities maps a model to a list"
+)
 
 
 def repeated(names: list[Any]) -> Any:
@@ -55,10 +59,7 @@ def load_profiles(*, entries: Any) -> tuple[int, int]:
         if unknown := set(entry) - PROFILE_FIELDS:
             raise InvalidProfiles(f"Profile {entry['name']!r} has unknown keys: {', '.join(sorted(unknown))}.")
         if wrong := sorted(key for key, value in entry.items() if not PROFILE_TYPES[key](value)):
-            raise InvalidProfiles(
-                f"Profile {entry['name']!r}: wrong type for {', '.join(wrong)} (names and model ids are text; tools, "
-                "fallback_models, requires and mcp_servers lists of them; model_capabilities maps a model to a list)."
-            )
+            raise InvalidProfiles(f"Profile {entry['name']!r}: wrong type for {', '.join(wrong)} ({WRONG_TYPE}).")
         fields = {k: v for k, v in entry.items() if k != "name"}
         profile = AgentProfile.objects.filter(name=entry["name"]).first() or AgentProfile(name=entry["name"])
         is_new = profile.pk is None

@@ -1,3 +1,4 @@
+from django.core.exceptions import ValidationError
 from django.db import connection, models
 
 # Hook handlers and their stored results live in the hooks package; Django finds them through this module.
@@ -36,6 +37,14 @@ class AgentProfile(models.Model):
     @property
     def candidates(self) -> list[str]:
         return [self.model, *self.fallback_models]
+
+    def clean(self) -> None:
+        """The types `load_profiles` checks, for whatever else saves a profile (the admin's form): a
+        list field given text or a map given a list would be read wrongly by every turn, or fail it."""
+        from agents.actions import PROFILE_TYPES, WRONG_TYPE  # which imports this module
+
+        if wrong := {name: [WRONG_TYPE] for name, fits in PROFILE_TYPES.items() if not fits(getattr(self, name))}:
+            raise ValidationError(wrong)
 
     def lacks(self, model: str, *, also: list[str] | None = None) -> list[str]:
         """The capabilities `model` lacks of those this profile requires, and of `also` (what

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.test import Client
 
+from agents.actions import load_profiles
 from agents.models import AgentProfile
 
 pytestmark = pytest.mark.django_db
@@ -98,3 +100,26 @@ def test_seed_demo_without_its_owner_says_so_and_loads_nothing() -> None:
     with pytest.raises(CommandError, match="ensure_demo_user"):
         call_command("seed_demo", stdout=StringIO())
     assert not AgentProfile.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("model_capabilities", "[]"), ("tools", '"finish"'), ("fallback_models", '"gpt-4.1-nano"')],
+)
+def test_the_admin_refuses_a_profile_of_the_wrong_types_as_the_loader_does(
+    admin_client: Client, field: str, value: str
+) -> None:
+    """A map given a list failed every turn of its agents (each reclaimed, for ever); text for a
+    list made each letter a tool or a fallback model."""
+    load_profiles(entries=[PROFILE])
+    profile = AgentProfile.objects.get(name=PROFILE["name"])
+    form = {name: json.dumps(getattr(profile, name)) for name in ("tools", "fallback_models", "model_capabilities",
+                                                                   "requires", "mcp_servers")}  # fmt: skip
+    form.update(name=profile.name, role=profile.role, model=profile.model, max_turns=profile.max_turns,
+                max_tokens=profile.max_tokens, endpoint=profile.endpoint, system_prompt="")  # fmt: skip
+
+    saved = admin_client.post(f"/admin/agents/agentprofile/{profile.pk}/change/", {**form, field: value})
+
+    assert saved.status_code == 200 and "names and model ids are text" in saved.content.decode()
+    assert getattr(AgentProfile.objects.get(pk=profile.pk), field) == getattr(profile, field)
+    assert admin_client.post(f"/admin/agents/agentprofile/{profile.pk}/change/", form).status_code == 302
