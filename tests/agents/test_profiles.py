@@ -113,8 +113,10 @@ def test_the_admin_refuses_a_profile_of_the_wrong_types_as_the_loader_does(
     list made each letter a tool or a fallback model."""
     load_profiles(entries=[PROFILE])
     profile = AgentProfile.objects.get(name=PROFILE["name"])
-    form = {name: json.dumps(getattr(profile, name)) for name in ("tools", "fallback_models", "model_capabilities",
-                                                                   "requires", "mcp_servers")}  # fmt: skip
+    form: dict[str, object] = {
+        name: json.dumps(getattr(profile, name))
+        for name in ("tools", "fallback_models", "model_capabilities", "requires", "mcp_servers")
+    }
     form.update(name=profile.name, role=profile.role, model=profile.model, max_turns=profile.max_turns,
                 max_tokens=profile.max_tokens, endpoint=profile.endpoint, system_prompt="")  # fmt: skip
 
