@@ -182,7 +182,7 @@ def value_of(part: pb.Part) -> Any:
 
 def unheld(value: str, column: str) -> str:
     """Why the call's column cannot hold a task's id (too long, or text no database stores), or ""."""
-    if len(value) > (RemoteCall._meta.get_field(column).max_length or 0) or text_problem(value):
+    if len(value) > (getattr(RemoteCall._meta.get_field(column), "max_length", None) or 0) or text_problem(value):
         return f"a {column.replace('_', ' ')} no column holds ({len(value)} characters)"
     return ""
 
