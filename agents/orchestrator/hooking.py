@@ -50,19 +50,35 @@ def hooks_time(prompt: Prompt, runs: dict[Event, int]) -> float:
 
 def claim_step(prompt: Prompt, step: str, seconds: float) -> bool:
     """The step's lease for `seconds`, if no other task holds it; a lapsed one (a killed worker)
-    is free."""
+    is free. This copy of the prompt keeps the lease it took (`held_until`), for release_step()."""
     now = timezone.now()
     lease = now + timedelta(seconds=seconds)
     params = [db_value(Prompt, "step_until", lease), db_value(Prompt, "id", prompt.pk), step,
               db_value(Prompt, "step_until", now)]  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(_CLAIM_STEP_SQL, params)
-        return bool(cursor.rowcount)
+        claimed = bool(cursor.rowcount)
+    prompt.held_until = lease if claimed else None
+    return claimed
+
+
+def release_step(prompt: Prompt, step: str) -> None:
+    """Give back the lease this copy took, if it still is the step's (a step that failed on the
+    database: its retry, or the periodic resume, takes the step at once, not once the lease lapses)."""
+    if prompt.held_until is None:
+        return
+    params = [db_value(Prompt, "id", prompt.pk), step, db_value(Prompt, "step_until", prompt.held_until)]
+    with connection.cursor() as cursor:
+        cursor.execute(_RELEASE_STEP_SQL, params)
+    prompt.held_until = None
 
 
 _CLAIM_STEP_SQL = prepared(
     f"UPDATE {Prompt._meta.db_table} SET step_until = %s "
     "WHERE id = %s AND step = %s AND (step_until IS NULL OR step_until < %s)"
+)
+_RELEASE_STEP_SQL = prepared(
+    f"UPDATE {Prompt._meta.db_table} SET step_until = NULL WHERE id = %s AND step = %s AND step_until = %s"
 )
 
 

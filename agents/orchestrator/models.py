@@ -141,6 +141,8 @@ class Prompt(models.Model):
     # Not a column: the lifecycle events its brain has handlers for, when this copy was read with
     # them (an orchestration step's: reads.read_prompts); None when not.
     hooked_events: frozenset[str] | None = None
+    # Not a column: the step's lease (step_until) this copy took, while it holds it (hooking.claim_step).
+    held_until: Any = None
     # Not a column: the runs of its lead's workers (each with its collaborator), when this copy was
     # read with them (reads.prompts_ahead); None when not.
     runs_read: list[list[Any]] | None = None

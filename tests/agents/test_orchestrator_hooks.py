@@ -318,3 +318,37 @@ def test_routing_holds_its_lease_for_the_hooks_before_it_too(saga: Saga, alice: 
     lease = (prompt.step_until - before).total_seconds()
     hooks = 400 + REPORT_GRACE_S + 30  # the command's timeout with the grace for its report, the python handler's
     assert 60 + hooks <= lease < 60 + hooks + 5, lease
+
+
+def test_a_step_that_fails_on_the_database_gives_its_lease_back_and_its_retry_runs_no_hook_again(
+    saga: Saga, alice: User, tmp_path: Path, settings: LazySettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its hooks ran and stored their results, then its transaction met a database error: the
+    retry takes the step at once (it waited for the lease to lapse: the hooks' whole timeouts)."""
+    from django.db import OperationalError
+
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+
+    settings.AGORA_HOOKS_INLINE = True  # the steps run here, in this process
+    load_profiles(entries=[{"name": f"k-{r}", "role": r, "model": "m-none", "tools": ["finish"]} for r in ("r", "c")])
+    load_brains(entries=[{"name": "k", "planner_profile": "k-r", "roles": {"coder": "k-c"}, "default_primary": "coder",
+                          "review_role": ""}])  # fmt: skip
+    ran = tmp_path / "ran"
+    load_hooks(entries=[command("count", "SessionStart", "--count", str(ran), timeout_s=300)])
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement it.", brain="k")
+    moving = steps.move
+
+    def lost_connection(*args: object, **kwargs: object) -> bool:
+        raise OperationalError("the server closed the connection")  # injected once, where the step moves
+
+    monkeypatch.setattr(steps, "move", lost_connection)
+    with pytest.raises(OperationalError):
+        steps.advance(str(prompt.pk))
+    assert Prompt.objects.get(pk=prompt.pk).step_until is None  # given back, not left for 300 s and more
+
+    monkeypatch.setattr(steps, "move", moving)
+    steps.advance(str(prompt.pk))  # the retry
+
+    assert Prompt.objects.get(pk=prompt.pk).step == "primary"
+    assert ran.read_text().count("ran") == 1  # stored under its key: not run again
