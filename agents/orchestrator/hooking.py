@@ -3,8 +3,9 @@
 A handler's result is stored only once it has finished, so a step run again meanwhile (a second
 doorbell) would run it again: the step that runs hooks holds a lease on the prompt's step
 (`step_until`) for as long as they may take, read off their timeouts, and a step that finds it
-held leaves the step to its holder. Routing holds it for the router call too. A lease lapses on its
-own: a worker killed while it held one leaves the step to the periodic resume after that.
+held leaves the step to its holder. Routing holds it for the router call too. A step that fails on
+the database gives its lease back (release_step()); one whose worker was killed leaves it to lapse,
+and the step to the periodic resume after that.
 """
 
 from datetime import timedelta
