@@ -1,42 +1,14 @@
-from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
 
-from agents.models import AgentProfile
+from agents.models import PROFILE_TYPES, WRONG_TYPE, AgentProfile
 
 PROFILE_FIELDS = {f.name for f in AgentProfile._meta.get_fields()} - {"id", "updated_at"}
 
 
 class InvalidProfiles(ValueError):
     pass
-
-
-def text(value: Any) -> bool:
-    return isinstance(value, str)
-
-
-def names(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(item, str) for item in value)
-
-
-def whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-# What each key of a profile holds, checked before the model sees it (a text field would store a
-# list as its repr, a list field would take a string as its letters).
-PROFILE_TYPES: dict[str, Callable[[Any], bool]] = {
-    "name": text, "role": text, "system_prompt": text, "model": text, "endpoint": text,
-    "tools": names, "fallback_models": names, "requires": names, "mcp_servers": names,
-    "model_capabilities": lambda value: isinstance(value, dict) and all(names(v) for v in value.values()),
-    "resumable": lambda value: isinstance(value, bool),
-    "max_turns": whole, "max_tokens": whole,
-}  # fmt: skip
-WRONG_TYPE = (
-    "names and model ids are text; tools, fallback_models, requires and mcp_servers lists of them; "
-    "model_capabilities maps a model to a list"
-)
 
 
 def repeated(names: list[Any]) -> Any:

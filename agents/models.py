@@ -1,9 +1,39 @@
+from collections.abc import Callable
+from typing import Any
+
 from django.core.exceptions import ValidationError
 from django.db import connection, models
 
 # Hook handlers and their stored results live in the hooks package; Django finds them through this module.
 from agents.hooks.models import HookHandler, HookResult  # noqa: F401
 from config.sql import columns, fetch_one, placeholders, prepared
+
+
+def text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# What each key of a profile holds, checked before the model sees it (a text field would store a
+# list as its repr, a list field would take a string as its letters).
+PROFILE_TYPES: dict[str, Callable[[Any], bool]] = {
+    "name": text, "role": text, "system_prompt": text, "model": text, "endpoint": text,
+    "tools": names, "fallback_models": names, "requires": names, "mcp_servers": names,
+    "model_capabilities": lambda value: isinstance(value, dict) and all(names(v) for v in value.values()),
+    "resumable": lambda value: isinstance(value, bool),
+    "max_turns": whole, "max_tokens": whole,
+}  # fmt: skip
+WRONG_TYPE = (
+    "names and model ids are text; tools, fallback_models, requires and mcp_servers lists of them; "
+    "model_capabilities maps a model to a list"
+)
 
 
 class AgentProfile(models.Model):
@@ -41,8 +71,6 @@ class AgentProfile(models.Model):
     def clean(self) -> None:
         """The types `load_profiles` checks, for whatever else saves a profile (the admin's form): a
         list field given text or a map given a list would be read wrongly by every turn, or fail it."""
-        from agents.actions import PROFILE_TYPES, WRONG_TYPE  # which imports this module
-
         if wrong := {name: [WRONG_TYPE] for name, fits in PROFILE_TYPES.items() if not fits(getattr(self, name))}:
             raise ValidationError(wrong)
 
@@ -107,4 +135,14 @@ class TranscriptEntry(models.Model):
 from agents.mcp.models import McpServer  # noqa: E402
 from agents.orchestrator.models import Brain, Prompt  # noqa: E402
 
-__all__ = ["AgentProfile", "Brain", "McpServer", "Prompt", "TranscriptEntry", "missing_profiles", "tokens_used"]
+__all__ = [
+    "PROFILE_TYPES",
+    "WRONG_TYPE",
+    "AgentProfile",
+    "Brain",
+    "McpServer",
+    "Prompt",
+    "TranscriptEntry",
+    "missing_profiles",
+    "tokens_used",
+]
