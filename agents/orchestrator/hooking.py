@@ -8,11 +8,12 @@ the database gives its lease back (release_step()); one whose worker was killed 
 and the step to the periodic resume after that.
 """
 
+import logging
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from agents.hooks import Event, hook_key, longest_run, run_hooks
@@ -22,6 +23,7 @@ from agents.orchestrator.models import Prompt
 from agents.orchestrator.reads import Outcome
 from config.sql import db_value, prepared
 
+logger = logging.getLogger(__name__)
 Step = Prompt.Step
 
 
@@ -65,13 +67,17 @@ def claim_step(prompt: Prompt, step: str, seconds: float) -> bool:
 
 def release_step(prompt: Prompt, step: str) -> None:
     """Give back the lease this copy took, if it still is the step's (a step that failed on the
-    database: its retry, or the periodic resume, takes the step at once, not once the lease lapses)."""
-    if prompt.held_until is None:
+    database: its retry, or the periodic resume, takes the step at once, not once the lease lapses).
+    The connection may be the failure's: then the lease is left to lapse."""
+    held, prompt.held_until = prompt.held_until, None
+    if held is None:
         return
-    params = [db_value(Prompt, "id", prompt.pk), step, db_value(Prompt, "step_until", prompt.held_until)]
-    with connection.cursor() as cursor:
-        cursor.execute(_RELEASE_STEP_SQL, params)
-    prompt.held_until = None
+    params = [db_value(Prompt, "id", prompt.pk), step, db_value(Prompt, "step_until", held)]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(_RELEASE_STEP_SQL, params)
+    except DatabaseError:
+        logger.warning("prompt %s: the %s step's lease is left to lapse", prompt.pk, step, exc_info=True)
 
 
 _CLAIM_STEP_SQL = prepared(

@@ -67,15 +67,6 @@ def advance(prompt_id: str, read: Prompt | None = None, *, worker: str = "") -> 
     return here
 
 
-def give_back(prompt: Prompt, step: str) -> None:
-    """The step's lease, after a database error: the retry takes the step at once (the connection
-    may be the error's: then the lease lapses on its own)."""
-    try:
-        release_step(prompt, step)
-    except DatabaseError:
-        logger.warning("prompt %s: the %s step's lease is left to lapse", prompt.pk, step, exc_info=True)
-
-
 def take_step(prompt: Prompt, here: "Here") -> bool:
     """The prompt's next step; False when its work is unfinished, or when another task moved the
     prompt first (move()): then this step's transaction wrote nothing.
@@ -94,7 +85,7 @@ def take_step(prompt: Prompt, here: "Here") -> bool:
         del here[handed:]  # claimed in the transaction that rolled back
         if isinstance(exc, DatabaseError):
             if not moved_first(exc):
-                give_back(prompt, step)
+                release_step(prompt, step)  # its retry takes the step at once
                 raise
             return False
         if isinstance(exc, errors.KernelError):
