@@ -12,6 +12,8 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -109,6 +111,18 @@ def hold_wait(collaborator: Collaborator) -> WaitSlot:
         who = collaborator.handle if full == 1 else "this saga"
         raise errors.TooManyWaits(f"{who} already has {caps[full - 1]} waits in progress.", limit=caps[full - 1])
     return slot
+
+
+@contextmanager
+def given_back_if_raised(slot: WaitSlot | None) -> Iterator[None]:
+    """The writes a wait comes after (the ask, the cursor's acknowledgement): should they fail, the
+    wait's slot is given back at once rather than counted until it lapses."""
+    try:
+        yield
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
 
 
 def release_connections() -> None:

@@ -30,7 +30,7 @@ from sagas.api.views import (
 )
 from sagas.api.waiting import Done, Wait, WaitingResponse
 from sagas.models import AgentRequest, Collaborator, SteeringItem
-from sagas.waits import hold_wait
+from sagas.waits import given_back_if_raised, hold_wait
 from sagas.wakeups import request_channel, steering_channel
 
 # --- requests between agents ---------------------------------------------------------------------
@@ -94,15 +94,11 @@ class AgentRequestCreateApi(ApiView):
         ask = valid(s.AskInput, request.data)
         key = idempotency_key(request.headers)
         slot = hold_wait(sender) if ask["mode"] == AgentRequest.Mode.WAIT else None  # before anything is written
-        try:
+        with given_back_if_raised(slot):
             ask_request, created = actions.ask_agent(
                 sender=sender, to=ask["to"], type=ask["type"], payload=ask["payload"], mode=ask["mode"],
                 timeout_s=ask["timeout_s"], idempotency_key=key,
             )  # fmt: skip
-        except BaseException:
-            if slot is not None:
-                slot.release()
-            raise
         headers = {} if created else {"Idempotent-Replayed": "true"}
         if ask_request.mode == AgentRequest.Mode.ASYNC:
             pending = s.AskPendingOutput({"request_id": ask_request.pk, "status": "pending"}).data
@@ -202,12 +198,8 @@ class SteeringFeedApi(ApiView):
             raise errors.Forbidden("Only agents have steering.")
         items = list(steering_after(me.pk, after))
         slot = hold_wait(me) if wait_s and not items else None  # a wait's place, before anything is written
-        try:
+        with given_back_if_raised(slot):
             actions.acknowledge_steering(recipient=me, upto_seq=after)
-        except BaseException:
-            if slot is not None:
-                slot.release()
-            raise
         if slot is None:
             return Response(s.SteeringOutput({"items": items}).data)
         check = partial(steering_check, me.pk, after, time.monotonic() + wait_s)
