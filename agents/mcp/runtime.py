@@ -109,7 +109,8 @@ def check_servers(key: str, servers: list[str]) -> dict[str, dict[str, Any]]:
             pool().close_run(key)
 
 
-def invalid(code: str, message: str) -> dict[str, Any]:
+def failure(code: str, message: Any) -> dict[str, Any]:
+    """A call's failure, as the model reads it: a tool error."""
     return {"error": {"code": code, "message": message}}
 
 
@@ -179,18 +180,18 @@ class RunTools:
         connected = self.connect()  # a task that starts with a call (after a wait, a crash) connects here
         offered = (self.offered or {}).get(name)
         if offered is None:
-            error = {"error": {"code": "unknown_tool", "message": f"No tool {name!r} is available to you."}}
+            error = failure("unknown_tool", f"No tool {name!r} is available to you.")
             return CallOutcome(error, {"tool": storable_text(name), "outcome": "unknown_tool"}, connected)
         event: dict[str, Any] = {"server": offered.server, "tool": storable_text(offered.tool)}
         try:
             args = loads(arguments or "{}", where="arguments")
         except MalformedJson as exc:
-            return CallOutcome(invalid("invalid_arguments", str(exc)), event | {"outcome": "invalid"}, connected)
+            return CallOutcome(failure("invalid_arguments", str(exc)), event | {"outcome": "invalid"}, connected)
         except Unstorable as exc:
-            return CallOutcome(invalid("invalid_payload", str(exc)), event | {"outcome": "invalid"}, connected)
+            return CallOutcome(failure("invalid_payload", str(exc)), event | {"outcome": "invalid"}, connected)
         if not isinstance(args, dict):
             message = "Arguments must be a JSON object."
-            return CallOutcome(invalid("invalid_arguments", message), event | {"outcome": "invalid"}, connected)
+            return CallOutcome(failure("invalid_arguments", message), event | {"outcome": "invalid"}, connected)
         started = time.perf_counter()
         result, outcome = self.attempt(offered, args)
         event |= {
@@ -203,26 +204,26 @@ class RunTools:
     def attempt(self, offered: Offered, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
         config = McpServer.objects.filter(name=offered.server).first()
         if config is None or not config.enabled or not config.allows(offered.tool):
-            return {"error": {"code": "unknown_tool", "message": f"{offered.tool} is no longer allowed."}}, "refused"
+            return failure("unknown_tool", f"{offered.tool} is no longer allowed."), "refused"
         try:
             connection: Connection = pool().connect(self.run_id, config)[0]
             result = pool().call(connection, offered.tool, args, config.call_timeout_s)
         except (ConnectFailed, FutureTimeout) as exc:
             message = f"MCP server {offered.server} is unavailable: {exc or 'no answer in time'}"
-            return {"error": {"code": "unavailable", "message": message}}, "unavailable"
+            return failure("unavailable", message), "unavailable"
         except MCPError as exc:
             if exc.code == REQUEST_TIMEOUT:
                 message = f"{offered.tool} did not answer within {config.call_timeout_s:g} s."
-                return {"error": {"code": "timeout", "message": message}}, "timeout"
+                return failure("timeout", message), "timeout"
             if exc.code == CONNECTION_CLOSED:  # the server went away during the call
                 message = f"MCP server {offered.server} is unavailable: {exc.message}"
-                return {"error": {"code": "unavailable", "message": message}}, "unavailable"
-            return {"error": {"code": "mcp_error", "message": exc.message}}, "error"
+                return failure("unavailable", message), "unavailable"
+            return failure("mcp_error", exc.message), "error"
         except ValidationError as exc:  # the SDK read the answer: it is not a tool result
             logger.warning("MCP server %s: %s answered no tool result: %r", offered.server, offered.tool, exc)
             message = f"{offered.tool} answered what is not a tool result ({type(exc).__name__})."
-            return {"error": {"code": "tool_error", "message": message}}, "tool_error"
+            return failure("tool_error", message), "tool_error"
         if result.is_error:
-            return {"error": {"code": "tool_error", "message": content_of(result)}}, "tool_error"
+            return failure("tool_error", content_of(result)), "tool_error"
         content = content_of(result)
         return (content if isinstance(content, dict) else {"result": content}), "ok"
