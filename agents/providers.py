@@ -131,13 +131,13 @@ def token_count(value: Any) -> int:
 def tool_call_of(call: dict[str, Any]) -> dict[str, str]:
     """One tool call of a completion: its id, its function's name and its arguments as JSON text
     (some servers send them as an object); a name or id that is not text is no completion's."""
-    function = call["function"]
+    function, id = call["function"], call["id"] or ""
     arguments = function.get("arguments") or ""
     if isinstance(arguments, dict):
         arguments = json.dumps(arguments, ensure_ascii=False)
-    if not all(isinstance(value, str) for value in (call["id"] or "", function["name"], arguments)):
+    if not all(isinstance(value, str) for value in (id, function["name"], arguments)):
         raise TypeError("a tool call's id, name and arguments are text")
-    return {"id": call["id"] or "", "name": function["name"], "arguments": arguments}
+    return {"id": id, "name": function["name"], "arguments": arguments}
 
 
 class ScriptedProvider:

@@ -44,8 +44,8 @@ def text_problem(text: str) -> str | None:
 
 def check_storable(value: Any, *, where: str = "payload") -> None:
     """Raise Unstorable unless value nests at most `AGORA_MAX_JSON_DEPTH` deep, all its keys are
-    text, all its strings (keys included) are storable and all its numbers finite (no JSON column holds NaN). Iterative,
-    so that a deep value cannot exhaust the stack here."""
+    text, all its strings (keys included) are storable and all its numbers finite (no JSON column
+    holds NaN). Iterative, so that a deep value cannot exhaust the stack here."""
     limit = max_depth()
     stack: list[tuple[Any, int, str]] = [(value, 0, where)]
     while stack:

@@ -89,12 +89,12 @@ def refusal(exc: Exception) -> tuple[int, str, str, str]:
     if isinstance(exc, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return 413, "payload_too_large", "Payload too large", f"Limit is {limit} bytes for a request body."
-    limit = (
-        settings.DATA_UPLOAD_MAX_NUMBER_FILES
-        if isinstance(exc, TooManyFilesSent)
-        else settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+    files = isinstance(exc, TooManyFilesSent)
+    limit, what = (
+        (settings.DATA_UPLOAD_MAX_NUMBER_FILES, "files")
+        if files
+        else (settings.DATA_UPLOAD_MAX_NUMBER_FIELDS, "fields")
     )
-    what = "files" if isinstance(exc, TooManyFilesSent) else "fields"
     return 400, "invalid_payload", "Invalid payload", f"More than {limit} {what} in one request."
 
 
