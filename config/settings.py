@@ -361,6 +361,8 @@ AGORA_TURN_SLICE_S = env_number("AGORA_TURN_SLICE_S", 0.1)
 AGORA_MISSING_PROFILES = "agents.models.missing_profiles"
 # How long one routing step may take (the router's whole fallback chain) before another may retry it.
 AGORA_ROUTING_LEASE_S = env_number("AGORA_ROUTING_LEASE_S", 180)
+# How long one of a brain's signals may take to match one prompt; past it, it counts as no match.
+AGORA_SIGNAL_TIMEOUT_S = env_number("AGORA_SIGNAL_TIMEOUT_S", 0.05)
 # Extra live parts of the saga page, rendered by the runtime (the kernel's page imports none of it):
 # name → (title, context callable(request, saga) -> dict, template, event type prefixes that refresh it).
 AGORA_SAGA_PANELS: dict[str, tuple[str, str, str, list[str]]] = {

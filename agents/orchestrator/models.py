@@ -7,6 +7,7 @@ import re
 import uuid
 from typing import Any
 
+import regex
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -71,8 +72,8 @@ class Brain(models.Model):
             raise ValidationError(problems)
 
     def signal_problem(self) -> str:
-        """Why the signals would not route (a pattern that does not compile raises `re.error` in the
-        heuristic), or ""."""
+        """Why the signals would not route (a pattern that does not compile raises `regex.error` in
+        the heuristic), or ""."""
         if not isinstance(self.signals, dict):
             return "Maps role names to lists of patterns."
         for role, patterns in self.signals.items():
@@ -80,8 +81,8 @@ class Brain(models.Model):
                 return f"The signals of {role!r} must be a list, for one of the roles."
             for pattern in patterns:
                 try:
-                    re.compile(pattern)
-                except (re.error, TypeError) as exc:
+                    regex.compile(pattern)
+                except (regex.error, TypeError) as exc:
                     return f"Bad pattern {pattern!r}: {exc}"
         return ""
 

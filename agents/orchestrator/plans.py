@@ -1,15 +1,22 @@
 """Routing: the deterministic heuristic, the router's strict-JSON answer normalized against it, and
 the forced-roles plan. Pure functions over a brain's configuration; the plan shape is the seed's
 AgentRoutingPlan: `{primary_role, workers: [{role, goal, reason}], requires_review, reason}`, plus
-which path produced it (`source`) and why the router's answer was not used (`router_error`)."""
+which path produced it (`source`), why the router's answer was not used (`router_error`) and which
+roles' signals took too long to match (`signals_timed_out`)."""
 
 import json
+import logging
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+import regex
+from django.conf import settings
+
 from config.payloads import storable_value
+
+logger = logging.getLogger(__name__)
 
 Plan = dict[str, Any]
 RESERVED_SLOTS = ("primary", "review")
@@ -20,6 +27,7 @@ class Routing:
     """What routing may choose from: the brain's roles (those allowed for this prompt), its
     signals, its review role and its cap."""
 
+    brain: str
     roles: tuple[str, ...]
     signals: dict[str, list[str]]
     default_primary: str
@@ -33,6 +41,7 @@ class Routing:
         review = brain.review_role if brain.review_role in roles else ""
         support = [r for r in roles if r != review]  # a stand-in primary is one of them, not the reviewer
         return cls(
+            brain=brain.name,
             roles=roles,
             signals={r: list(brain.signals.get(r, [])) for r in roles},
             default_primary=brain.default_primary if brain.default_primary in roles else next(iter(support), ""),
@@ -50,13 +59,29 @@ def default_goal(role: str, primary: str) -> str:
     return f"Give the {primary} agent what the {role} perspective adds to this request."
 
 
+def signal_matches(pattern: str, text: str, routing: Routing, role: str) -> bool | None:
+    """Whether the signal is found in the prompt; None if it took longer than a signal may (a
+    pattern that backtracks without end on some text would hold the routing task for ever)."""
+    try:
+        return regex.search(pattern, text, regex.IGNORECASE, timeout=settings.AGORA_SIGNAL_TIMEOUT_S) is not None
+    except TimeoutError:
+        logger.warning(
+            "Brain %r, role %r: the signal %r took too long to match a prompt.", routing.brain, role, pattern
+        )
+        return None
+
+
 def heuristic_plan(text: str, routing: Routing) -> Plan:
     """Roles whose signals match the prompt, strongest first; the strongest is the primary and the
-    others (up to the cap) support it. Nothing matching: the brain's default primary alone."""
+    others (up to the cap) support it. Nothing matching: the brain's default primary alone. A
+    signal that runs out of time counts as no match, and the plan names its role."""
     scores: list[tuple[int, int, str, list[str]]] = []
+    timed_out: list[str] = []
     for order, role in enumerate(routing.roles):
-        hits = [p for p in routing.signals.get(role, []) if re.search(p, text, re.IGNORECASE)]
-        if hits:
+        found = [(p, signal_matches(p, text, routing, role)) for p in routing.signals.get(role, [])]
+        if any(hit is None for _, hit in found):
+            timed_out.append(role)
+        if hits := [p for p, hit in found if hit]:
             scores.append((-len(hits), order, role, hits))
     scores.sort()
     matched = [(role, hits) for _, _, role, hits in scores]
@@ -70,13 +95,16 @@ def heuristic_plan(text: str, routing: Routing) -> Plan:
     review_hit = any(r == routing.review_role for r, _ in matched)
     requires_review = bool(routing.review_role) and (routing.review_by_default or review_hit)
     reason = f"{primary} matched " + ", ".join(candidates[0][1]) if candidates else "no signal matched"
-    return {
+    plan: Plan = {
         "primary_role": primary,
         "workers": workers,
         "requires_review": requires_review,
         "reason": reason,
         "source": "heuristic",
     }
+    if timed_out:
+        plan["signals_timed_out"] = timed_out
+    return plan
 
 
 def router_prompt(text: str, routing: Routing, *, has_images: bool = False) -> str:
@@ -159,6 +187,8 @@ def normalize_router_decision(answer: str | None, routing: Routing, fallback: Pl
         plan["dropped"] = dropped
     if over:
         plan["over_cap"] = over
+    if "signals_timed_out" in fallback:
+        plan["signals_timed_out"] = fallback["signals_timed_out"]
     return plan
 
 

@@ -117,6 +117,8 @@ def test_a_brain_named_twice_in_one_file_is_refused_whole(tmp_path: Path) -> Non
 # Each: an edit that would break routing or delegation, and the field it is refused on.
 BAD_EDITS = [
     pytest.param({"signals": {"tester": ["(unclosed"]}}, "signals", id="a signal that does not compile"),
+    # `re` reads it (as a set of characters, with a warning); `regex`, which matches the signals, does not.
+    pytest.param({"signals": {"tester": ["[[:foo:]]"]}}, "signals", id="a signal that regex does not compile"),
     pytest.param({"signals": {"designer": ["css"]}}, "signals", id="signals of no role"),
     pytest.param({"roles": {**GOOD["roles"], "writer": "b-nobody"}}, "roles", id="a role on no profile"),
     pytest.param({"roles": {**GOOD["roles"], "primary": "b-writer"}}, "roles", id="a role on a reserved name"),

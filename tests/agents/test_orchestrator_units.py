@@ -2,11 +2,16 @@
 normalizer, the shared formatter and the review gate."""
 
 import json
+import logging
+import time
 from types import SimpleNamespace
+
+import pytest
 
 from agents.orchestrator import handoffs, plans
 
 BRAIN = SimpleNamespace(
+    name="units",
     roles={"coder": "p-coder", "tester": "p-tester", "writer": "p-writer", "researcher": "p-r", "review": "p-review"},
     signals={
         "coder": ["implement", r"\bapi\b"],
@@ -52,6 +57,40 @@ def test_a_default_primary_not_allowed_is_stood_in_for_by_a_support_role_not_the
     routing = plans.Routing.of(brain, allowed={"review", "writer"})  # the default primary cannot see images
     plan = plans.heuristic_plan("Hello there", routing)
     assert (routing.default_primary, plan["primary_role"], routing.review_role) == ("writer", "writer", "review")
+
+
+# Backtracking that no engine cuts short: each run of letters splits every way before `$` fails at
+# the "!", for 2^60 ways or so; and the example a brain could well hold, which `re` alone runs for
+# minutes on such a prompt.
+CATASTROPHIC = r"(\w|\w\w)+$"
+BACKTRACKING = r"(\w+\s?)+$"
+PATHOLOGICAL = "Implement it, with tests: " + "a" * 60 + "!"
+
+
+@pytest.mark.timeout(10)  # a signal that runs for ever fails the test here, rather than holding the suite
+def test_a_signal_that_runs_too_long_counts_as_no_match_and_the_plan_names_its_role(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    signals = {**BRAIN.signals, "tester": [CATASTROPHIC, r"\btests?\b"], "writer": [BACKTRACKING]}
+    routing = plans.Routing.of(SimpleNamespace(**{**vars(BRAIN), "signals": signals}))
+    started = time.monotonic()
+
+    with caplog.at_level(logging.WARNING, logger="agents.orchestrator.plans"):
+        plan = plans.heuristic_plan(PATHOLOGICAL, routing)
+
+    assert time.monotonic() - started < 5
+    assert plan["primary_role"] == "coder"
+    # The tester's other signal still matched; the writer's only one did not, in time.
+    assert plan["workers"] == [
+        {"role": "tester", "goal": plans.default_goal("tester", "coder"), "reason": r"signals: \btests?\b"}
+    ]
+    assert plan["signals_timed_out"] == ["tester"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Brain 'units', role 'tester': the signal {CATASTROPHIC!r} took too long to match a prompt."
+    ]
+    # The router's plan, when it is the one kept, says so too.
+    routed = plans.normalize_router_decision(json.dumps({"primary_role": "writer"}), routing, plan)
+    assert (routed["source"], routed["signals_timed_out"]) == ("router", ["tester"])
 
 
 FALLBACK = plans.heuristic_plan("implement the api with tests", ROUTING)
