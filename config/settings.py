@@ -380,6 +380,12 @@ AGORA_PLAYBOOK_DIRS = env_list("AGORA_PLAYBOOK_DIRS", "")
 AGORA_HOOKS_INLINE = env_bool("AGORA_HOOKS_INLINE", False)
 # Artifacts: the largest one a saga may hold (uploads over it are refused with payload_too_large).
 AGORA_MAX_ARTIFACT_BYTES = env_number("AGORA_MAX_ARTIFACT_BYTES", 5 * 1024 * 1024, whole=True)
+# A body declared over it (and its framing) stops being parsed at its first file.
+FILE_UPLOAD_HANDLERS = [
+    "sagas.artifacts.RefuseOversizedUploads",
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
 # Teams: the budgets a new team starts with, and who counts its tokens (the runtime keeps them).
 AGORA_TEAM_MAX_TEAMMATES = env_number("AGORA_TEAM_MAX_TEAMMATES", 8, whole=True)
 AGORA_TEAM_MAX_TOKENS = env_number("AGORA_TEAM_MAX_TOKENS", 2000000, whole=True)

@@ -2,12 +2,14 @@
 API serves too. Whoever may see a saga may list, add and download its artifacts; to anyone else
 the saga and its artifacts do not exist (404)."""
 
+from typing import Any
 from urllib.parse import quote
 from uuid import UUID
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.files.uploadhandler import FileUploadHandler, StopUpload
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
@@ -35,6 +37,24 @@ def upload_too_large(request: HttpRequest) -> bool:
     """Whether the declared body is over the limit, before anything is read."""
     declared = request.META.get("CONTENT_LENGTH") or "0"
     return declared.isdigit() and int(declared) > settings.AGORA_MAX_ARTIFACT_BYTES + UPLOAD_OVERHEAD
+
+
+class RefuseOversizedUploads(FileUploadHandler):
+    """The first of FILE_UPLOAD_HANDLERS: a multipart body declared over the limit is not read past
+    the start of its first file. A middleware reads the form before any view (the page's input
+    check, CSRF's for a session), so the view's size check alone came after the whole file had gone
+    to a temporary file. The fields before the file (the CSRF token) are read; the view refuses the
+    upload by its declared size."""
+
+    def new_file(self, *args: Any, **kwargs: Any) -> None:
+        if self.request is not None and upload_too_large(self.request):
+            raise StopUpload(connection_reset=True)  # the rest of the body is left unread
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes:
+        return raw_data
+
+    def file_complete(self, file_size: int) -> None:
+        return None
 
 
 def visible_saga(request: HttpRequest, saga_id: UUID) -> Saga:

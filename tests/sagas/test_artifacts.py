@@ -3,10 +3,12 @@ content type recorded, downloadable by whoever may see the saga, 404 for everyon
 
 import hashlib
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from django.conf import LazySettings
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.files.uploadhandler import FileUploadHandler
 from django.test import Client
 
 from accounts.actions import issue_token
@@ -98,6 +100,46 @@ def test_size_limit_name_rules_and_duplicates(team: Team, alice: User, settings:
     assert client_for(alice).get(url(team, "a.txt")).content == b"one"
     assert Artifact.objects.count() == 1
     assert JournalEvent.objects.filter(type="artifact.added").count() == 1
+
+
+class Received(FileUploadHandler):
+    """Put first among the upload handlers: counts the bytes of files the parse hands them."""
+
+    counted: ClassVar[list[int]] = []
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes:
+        Received.counted.append(len(raw_data))
+        return raw_data
+
+    def file_complete(self, file_size: int) -> None:
+        return None
+
+
+@pytest.mark.parametrize("where", ["page", "api"])
+def test_an_upload_over_the_limit_is_not_read_past_it(
+    team: Team, bob: User, settings: LazySettings, where: str
+) -> None:
+    """A middleware reads the form before the view checks the size (the page's input check, CSRF's
+    for a session on the API): a file of any size was parsed whole, to a temporary file on disk,
+    before the refusal."""
+    settings.AGORA_MAX_ARTIFACT_BYTES = 1000
+    settings.FILE_UPLOAD_HANDLERS = [f"{__name__}.Received", *settings.FILE_UPLOAD_HANDLERS]
+    Received.counted.clear()
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(bob)
+    browser.get(f"/sagas/{team.saga.pk}/")  # the form's page sets the CSRF cookie
+    form = {
+        "csrfmiddlewaretoken": browser.cookies["csrftoken"].value,  # first, as the page's form sends it
+        "file": SimpleUploadedFile("big.bin", b"x" * 500_000, content_type="application/octet-stream"),
+    }
+
+    if where == "page":
+        refused = browser.post(f"/sagas/{team.saga.pk}/artifacts/", form)
+        assert refused.status_code == 400 and "An artifact holds at most 1000 bytes." in refused.content.decode()
+    else:
+        problem(browser.post(url(team), form), 413, "payload_too_large")
+    assert sum(Received.counted) <= 1000 + FileUploadHandler.chunk_size
+    assert not Artifact.objects.exists()
 
 
 def test_the_kernel_checks_access_itself(team: Team, mallory: User) -> None:
