@@ -184,6 +184,26 @@ def test_the_plan_view_shows_each_workers_goal_and_reason_and_why_the_router_was
         assert "why: signals: changelog" in worker_of(fell_back, "writer")
 
 
+def test_the_plan_view_names_the_roles_whose_signals_ran_out_of_time(
+    model_here: FakeLLM, fake_brain: None, saga: Saga, alice: User, settings: LazySettings
+) -> None:
+    """A signal that backtracks without end on the prompt counts as no match, and the page says whose."""
+    from agents.orchestrator import steps
+    from agents.orchestrator.actions import submit_prompt
+    from agents.orchestrator.models import Brain
+
+    settings.AGORA_HOOKS_INLINE = True
+    settings.AGORA_SIGNAL_TIMEOUT_S = 0.01
+    Brain.objects.filter(name="fake").update(signals={"coder": ["implement"], "writer": [r"(\w|\w\w)+$"]})
+    model_here.script("router-m", say("not a plan"))
+    prompt, _ = submit_prompt(saga=saga, by=alice, text="Implement " + "a" * 60 + "!", brain="fake")
+    steps.advance(str(prompt.pk))
+
+    html = plan_view_of(page_client(alice).get(f"/sagas/{saga.pk}/").content.decode(), prompt)
+    (shown,) = re.findall(r"<p [^>]*data-signals-timed-out>(.*?)</p>", html)
+    assert shown == "signals too slow to match this prompt, counted as no match: writer"
+
+
 def plan_view_of(html: str, prompt: Prompt) -> str:
     return html.split(f'data-prompt="{prompt.pk}"', 1)[1].split("</article>", 1)[0]
 
