@@ -168,8 +168,9 @@ class Turns:
             return self.finish(Run.Status.FAILED, error=f"No agent profile {self.collaborator.profile!r}.")
         if self.turn - self.run.reclaims > self.profile.max_turns:  # a turn its dead worker lost is not used
             return self.finish(Run.Status.FAILED, error=f"Turn budget of {self.profile.max_turns} turns exhausted.")
-        if self.run.reclaims > settings.AGORA_MAX_RECLAIMS:  # a turn that fails its task each time it is made
-            why = f"Its turns were taken back {self.run.reclaims} times: a worker died or the turn failed (logged)."
+        if self.run.reclaims_in_row > settings.AGORA_MAX_RECLAIMS:  # a turn that fails its task each time it is made
+            times = self.run.reclaims_in_row
+            why = f"Its turn was taken back {times} times in a row: a worker died or the turn failed (logged)."
             return self.finish(Run.Status.FAILED, error=why)
         if self.transcript.tokens >= self.profile.max_tokens:
             return self.finish(Run.Status.FAILED, error=f"Token budget of {self.profile.max_tokens} tokens exhausted.")

@@ -273,9 +273,9 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # The reconciler reclaims a dead worker's turns once their lease has lapsed: a dead host's runs
 # move on within AGORA_LEASE_S + this interval (README, "Failover").
 RECONCILE_INTERVAL_S = env_number("AGORA_RECONCILE_INTERVAL_S", 2)
-# A run whose turns were taken back more often than this fails: a turn that raises each time it is
-# made (a bug, a model's answer no code foresaw) would otherwise be made again, model call and all,
-# for ever.
+# A run whose turn was taken back more often than this in a row fails: a turn that raises each time
+# it is made (a bug, a model's answer no code foresaw) would otherwise be made again, model call and
+# all, for ever.
 AGORA_MAX_RECLAIMS = env_number("AGORA_MAX_RECLAIMS", 5, whole=True)
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "sagas.tasks.reconcile", "schedule": RECONCILE_INTERVAL_S},

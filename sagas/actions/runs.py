@@ -251,14 +251,22 @@ def claim_turn(*, run_id: str, worker: str = "") -> Run | None:
 def reclaim_lapsed_turn(*, run_id: str, now: Any, mark: Any) -> bool:
     """A turn whose lease lapsed (its worker died) is queued again, as last touched at `mark`. The
     journal names the worker that lost it. The next turn makes it again: the run's budget of turns
-    does not count it (`reclaims`)."""
+    does not count it (`reclaims`). Reclaims of turns one after another (`reclaims_in_row`) are a
+    turn that fails each time it is made: past AGORA_MAX_RECLAIMS the run's next turn fails it."""
     saga_id = Run.objects.filter(pk=run_id).values_list("collaborator__saga_id", flat=True).first()
     if saga_id is None:
         return False
     lock_saga(saga_id)
     run = Run.objects.select_related("collaborator").get(pk=run_id)
     if not Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, turn=run.turn, lease_until__lt=now).update(
-        status=Run.Status.QUEUED, lease_until=None, updated_at=mark, reclaims=models.F("reclaims") + 1
+        status=Run.Status.QUEUED,
+        lease_until=None,
+        updated_at=mark,
+        reclaims=models.F("reclaims") + 1,
+        reclaimed_turn=models.F("turn"),
+        reclaims_in_row=models.Case(  # the turn before was taken back too: its remake is this one
+            models.When(reclaimed_turn=models.F("turn") - 1, then=models.F("reclaims_in_row") + 1), default=1
+        ),
     ):
         return False
     record(

@@ -1,5 +1,6 @@
 """A turn that raises out of its task leaves its run `running` until the lease lapses; the
-reconciler takes the turn back and the next task makes it again. A run taken back too often ends."""
+reconciler takes the turn back and the next task makes it again. A run whose turn is taken back
+too often in a row ends; one taken back now and then over its life goes on."""
 
 import pytest
 from django.conf import LazySettings
@@ -40,6 +41,41 @@ def test_a_turn_that_fails_its_task_each_time_ends_the_run_once_taken_back_too_o
     run_turn(asker.run.pk)
 
     run = Run.objects.get(pk=asker.run.pk)
-    assert (run.status, run.reclaims) == (Run.Status.FAILED, 3)
-    assert run.error.startswith("Its turns were taken back 3 times")
+    assert (run.status, run.reclaims, run.reclaims_in_row) == (Run.Status.FAILED, 3, 3)
+    assert run.error.startswith("Its turn was taken back 3 times in a row")
     assert len(model_here.calls_for("asker-m")) == 3  # the model was not asked a fourth time
+
+
+def test_reclaims_with_turns_ended_between_them_do_not_end_the_run(
+    saga: Saga, alice: User, model_here: FakeLLM, monkeypatch: pytest.MonkeyPatch, settings: LazySettings
+) -> None:
+    """A long-lived run taken back now and then (a deploy, a dead host), with turns that ended between:
+    more reclaims over its life than AGORA_MAX_RECLAIMS, never more than one in a row; it goes on."""
+    from agents import turns
+
+    settings.AGORA_MAX_RECLAIMS = 1
+    looks = [say("", tool_call("get_collaborators", {}, f"look{i}")) for i in range(3)]
+    model_here.script("asker-m", *looks, say("", tool_call("finish", {"result": "done"})))
+    AgentProfile.objects.create(name="asker", role="Asker", model="asker-m", tools=["get_collaborators", "finish"])
+    asker, _ = actions.add_agent(saga=saga, name="asker", role="Asker", task="Ask", runtime="internal",
+                                 profile="asker", by=alice)  # fmt: skip
+    real, calls = turns.execute, iter(range(10))
+
+    def flaky(*args: object) -> object:
+        if next(calls) in (0, 2):  # the first look and the third fail their task; the second ends its turn
+            raise RuntimeError("a worker lost mid-turn")
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("agents.turns.execute", flaky)
+    for _ in range(6):
+        if Run.objects.get(pk=asker.run.pk).is_finished:
+            break
+        try:
+            run_turn(asker.run.pk)
+        except RuntimeError:
+            Run.objects.filter(pk=asker.run.pk).update(lease_until=timezone.now())  # as if the lease lapsed
+            reconcile()
+
+    run = Run.objects.get(pk=asker.run.pk)
+    assert (run.status, run.result, run.reclaims, run.reclaims_in_row) == (Run.Status.COMPLETED, "done", 2, 1)
+    assert len(model_here.calls_for("asker-m")) == 4
