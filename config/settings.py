@@ -378,14 +378,24 @@ AGORA_PLAYBOOK_DIRS = env_list("AGORA_PLAYBOOK_DIRS", "")
 # Hook handlers run processes, HTTP calls and code for as long as their timeouts: only inside a
 # Celery task. Unit tests that call `run_hooks` directly turn this on (agents.hooks.runner).
 AGORA_HOOKS_INLINE = env_bool("AGORA_HOOKS_INLINE", False)
-# Artifacts: the largest one a saga may hold (uploads over it are refused with payload_too_large).
+# Artifacts: the largest one a saga may hold (uploads over it are refused with payload_too_large),
+# and what multipart framing, the name and the content type add to an upload's size, at most.
 AGORA_MAX_ARTIFACT_BYTES = env_number("AGORA_MAX_ARTIFACT_BYTES", 5 * 1024 * 1024, whole=True)
+AGORA_UPLOAD_FRAMING_BYTES = 64 * 1024
 # A body declared over it (and its framing) stops being parsed at its first file.
 FILE_UPLOAD_HANDLERS = [
     "sagas.artifacts.RefuseOversizedUploads",
     "django.core.files.uploadhandler.MemoryFileUploadHandler",
     "django.core.files.uploadhandler.TemporaryFileUploadHandler",
 ]
+# The largest request body the web server takes in (config/web_request.py); past it, 413 before the
+# rest is read. By default the largest any endpoint accepts: an upload of the largest artifact, or a
+# body the app reads whole (the REST API's JSON, forms, the A2A and MCP gateways: config/edge.py).
+AGORA_MAX_BODY_BYTES = env_number(
+    "AGORA_MAX_BODY_BYTES",
+    max(AGORA_MAX_ARTIFACT_BYTES + AGORA_UPLOAD_FRAMING_BYTES, DATA_UPLOAD_MAX_MEMORY_SIZE),
+    whole=True,
+)
 # Teams: the budgets a new team starts with, and who counts its tokens (the runtime keeps them).
 AGORA_TEAM_MAX_TEAMMATES = env_number("AGORA_TEAM_MAX_TEAMMATES", 8, whole=True)
 AGORA_TEAM_MAX_TOKENS = env_number("AGORA_TEAM_MAX_TOKENS", 2000000, whole=True)

@@ -19,9 +19,6 @@ from sagas import actions, errors
 from sagas.models import Artifact, Saga
 from sagas.views import render_saga, saga_url
 
-# What multipart framing, the name and the content type add to an upload's size, at most.
-UPLOAD_OVERHEAD = 64 * 1024
-
 
 def download_response(artifact: Artifact) -> HttpResponse:
     """The artifact's bytes as a download, never rendered inline: an uploaded HTML or SVG file must
@@ -36,7 +33,9 @@ def download_response(artifact: Artifact) -> HttpResponse:
 def upload_too_large(request: HttpRequest) -> bool:
     """Whether the declared body is over the limit, before anything is read."""
     declared = request.META.get("CONTENT_LENGTH") or "0"
-    return declared.isdigit() and int(declared) > settings.AGORA_MAX_ARTIFACT_BYTES + UPLOAD_OVERHEAD
+    return (
+        declared.isdigit() and int(declared) > settings.AGORA_MAX_ARTIFACT_BYTES + settings.AGORA_UPLOAD_FRAMING_BYTES
+    )
 
 
 class RefuseOversizedUploads(FileUploadHandler):

@@ -1,0 +1,91 @@
+"""The web server refuses a body over AGORA_MAX_BODY_BYTES before it reads it (config/web.py): a
+Content-Length declared over it, or a chunked body once it passes it, is answered 413 at once and
+the connection closed; before, anyone could make daphne write gigabytes to a temporary file, and
+then Django copy them again, before the app refused them."""
+
+import json
+import socket
+import uuid
+
+import pytest
+from django.conf import settings
+
+from accounts.actions import issue_token
+from accounts.models import User
+from sagas import actions
+from tests.sagas.api_http import Http
+from tests.support import WebServer
+
+pytestmark = pytest.mark.integration
+
+TEN_GB = 10 * 1024**3
+
+
+def exchange(server: WebServer, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send `request` and read the answer up to the end of the connection: the status, the headers
+    by lower-case name, the body. A server still waiting for the rest of the body fails the test."""
+    received = b""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(request)
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pytest.fail(f"no answer, and the connection still open, after 10 s (received {received!r})")
+    head, _, body = received.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.strip().lower(): value.strip() for name, value in (line.split(":", 1) for line in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+def post(path: str, *headers: str) -> bytes:
+    return "\r\n".join([f"POST {path} HTTP/1.1", "Host: 127.0.0.1", *headers, "", ""]).encode()
+
+
+def test_a_body_declared_over_the_limit_is_answered_413_before_it_is_sent(web_server: WebServer) -> None:
+    api_path = f"/api/v1/sagas/{uuid.uuid4()}/artifacts/"  # no credentials either: refused before anyone is known
+    form = "Content-Type: multipart/form-data; boundary=b0undary"
+
+    status, headers, body = exchange(web_server, post(api_path, form, f"Content-Length: {TEN_GB}") + b"--b0undary")
+
+    assert (status, headers["content-type"], headers["connection"]) == (413, "application/problem+json", "close")
+    assert json.loads(body) == {
+        "type": "about:blank", "title": "Payload too large", "status": 413, "code": "payload_too_large",
+        "detail": f"Limit is {settings.AGORA_MAX_BODY_BYTES} bytes for a request body.",
+    }  # fmt: skip
+
+    page_path = f"/sagas/{uuid.uuid4()}/artifacts/"
+    status, headers, body = exchange(web_server, post(page_path, form, f"Content-Length: {TEN_GB}") + b"--b0undary")
+
+    assert (status, headers["content-type"], headers["connection"]) == (413, "text/plain; charset=utf-8", "close")
+    assert body.decode() == f"payload_too_large: Limit is {settings.AGORA_MAX_BODY_BYTES} bytes for a request body."
+
+
+def test_a_chunked_body_is_cut_off_as_it_passes_the_limit(web_server: WebServer) -> None:
+    limit = settings.AGORA_MAX_BODY_BYTES
+    chunked = post("/api/v1/sagas/", "Content-Type: application/json", "Transfer-Encoding: chunked")
+    # The limit's worth in one chunk, then one byte more (and no end: the server must not wait for it).
+    past = chunked + b"%x\r\n" % limit + b" " * limit + b"\r\n1\r\n "
+
+    status, headers, body = exchange(web_server, past)
+
+    assert (status, headers["connection"], json.loads(body)["code"]) == (413, "close", "payload_too_large")
+
+    within = post("/api/v1/sagas/", "Content-Type: application/json", "Transfer-Encoding: chunked", "Connection: close")
+    status, _, body = exchange(web_server, within + b"2\r\n{}\r\n0\r\n\r\n")
+    assert (status, json.loads(body)["code"]) == (411, "length_required")  # the app's own answer: it was passed on
+
+
+def test_the_largest_artifact_still_goes_through_the_server(web_server: WebServer, alice: User) -> None:
+    saga = actions.create_saga(title="Uploads", owner=alice)
+    web = Http(web_server.url, issue_token(user=alice), scheme="Token")
+    content = b"x" * settings.AGORA_MAX_ARTIFACT_BYTES
+    upload = (
+        b'--b0undary\r\nContent-Disposition: form-data; name="file"; filename="big.bin"\r\n'
+        b"Content-Type: application/octet-stream\r\n\r\n" + content + b"\r\n--b0undary--\r\n"
+    )
+    form = {"Content-Type": "multipart/form-data; boundary=b0undary"}
+
+    added = web.call("POST", f"/api/v1/sagas/{saga.pk}/artifacts/", raw=upload, headers=form).ok(201)
+
+    assert (added["name"], added["size"]) == ("big.bin", settings.AGORA_MAX_ARTIFACT_BYTES)
