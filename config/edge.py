@@ -10,6 +10,8 @@ from typing import Any
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
+from config.problems import problem_body
+
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 
@@ -62,8 +64,7 @@ async def within_limit(app: Any, scope: Any, receive: Receive, send: Send) -> No
 
 async def too_large(send: Send, limit: int) -> None:
     detail = f"Limit is {limit} bytes for a request body."
-    data = json.dumps({"type": "about:blank", "title": "Payload too large", "status": 413,
-                       "code": "payload_too_large", "detail": detail}).encode()  # fmt: skip
+    data = json.dumps(problem_body(413, "payload_too_large", "Payload too large", detail)).encode()
     headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": data})
