@@ -363,8 +363,8 @@ def agent_token(request: HttpRequest, saga_id: UUID) -> HttpResponse:
             return redirect(saga_url(saga, "team"))
     except errors.NotFound as exc:
         raise Http404(exc.detail) from exc
-    except errors.InvalidState as exc:  # an internal agent: it has no token
-        return HttpResponse(f"invalid_state: {exc.detail}", status=409, content_type="text/plain")
+    except (errors.InvalidState, errors.SagaFinished) as exc:  # an internal agent (it has no token), a finished saga
+        return HttpResponse(f"{exc.code}: {exc.detail}", status=409, content_type="text/plain")
     return HttpResponse("invalid_payload: action is rotate or revoke.", status=400, content_type="text/plain")
 
 
@@ -381,6 +381,8 @@ def agent_exposure(request: HttpRequest, saga_id: UUID) -> HttpResponse:
         agent = actions.set_exposed(saga=saga, handle=handle, exposed=exposed == "1", by=request.user)
     except errors.NotFound as exc:
         raise Http404(exc.detail) from exc
+    except errors.SagaFinished as exc:  # a page left open: it exposes nothing any more
+        return HttpResponse(f"{exc.code}: {exc.detail}", status=409, content_type="text/plain")
     if agent.exposed:
         card = dashboard.a2a_card_url(settings.AGORA_PUBLIC_URL or request.build_absolute_uri("/"), agent)
         messages.success(request, f"{agent.handle} is exposed to A2A clients; its card: {card}")

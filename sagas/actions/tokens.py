@@ -8,7 +8,7 @@ from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id, find_collaborator
-from sagas.actions.locking import lock_saga
+from sagas.actions.locking import lock_open_saga, lock_saga
 from sagas.models import Collaborator, Saga
 
 
@@ -25,8 +25,9 @@ def token_holder(saga: Saga, handle: str, by: User) -> Collaborator:
 @transaction.atomic
 def rotate_agent_token(*, saga: Saga, handle: str, by: User) -> tuple[Collaborator, str]:
     """Revoke the agent's tokens and issue a new one (returned, shown once; journaled without it).
-    An internal agent has none to rotate: Agora runs its turns, and no one else acts as it."""
-    saga = lock_saga(saga.pk)
+    An internal agent has none to rotate: Agora runs its turns, and no one else acts as it. A
+    finished saga issues none (`saga_finished`); revoking stays open to it."""
+    saga = lock_open_saga(saga.pk)
     agent = token_holder(saga, handle, by)
     if agent.runtime == Collaborator.Runtime.INTERNAL:  # a token would let its holder act as the agent
         raise errors.InvalidState(f"{agent.handle} runs inside Agora: it has no API token.")

@@ -22,7 +22,7 @@ class CollaboratorTokenApi(ApiView):
     @extend_schema(
         operation_id="collaborators_token_rotate",
         request=None,
-        responses={200: TokenRotatedOutput, **problems(401, 403, 404)},
+        responses={200: TokenRotatedOutput, **problems(401, 403, 404, 409)},
     )
     def post(self, request: Request, saga_id: UUID, cid: str) -> Response:
         """Rotate: the agent's tokens are revoked and a new one is returned, this once."""

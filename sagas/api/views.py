@@ -245,7 +245,7 @@ class CollaboratorExposureApi(ApiView):
     @extend_schema(
         operation_id="collaborators_expose",
         request=s.ExposureInput,
-        responses={200: s.ExposureOutput, **problems(400, 401, 403, 404)},
+        responses={200: s.ExposureOutput, **problems(400, 401, 403, 404, 409)},
     )
     def post(self, request: Request, saga_id: UUID, cid: str) -> Response:
         """A manager exposes an agent to A2A clients (`/a2a/<saga>/<agent>/`), or withdraws it."""

@@ -81,6 +81,32 @@ def test_an_internal_agent_has_no_token_to_rotate(team: Team, alice: User) -> No
     assert not JournalEvent.objects.filter(saga=team.saga, type="collaborator.token_rotated").exists()
 
 
+def test_a_finished_saga_issues_no_new_token_but_still_revokes(team: Team, alice: User) -> None:
+    """A token is work started: a finished saga refuses to issue one, as it refuses every write
+    that starts work; taking a token away stays possible."""
+    old = issue_token(user=team.user("scout"))
+    actions.finish_saga(saga=team.saga, status="completed", by=alice)
+    held = set(ApiToken.objects.filter(user=team.user("scout")).values_list("key_hash", flat=True))
+
+    problem(client_for(alice).post(token_path(team, "scout")), 409, "saga_finished")
+    problem(bearer(old).post(token_path(team, "scout")), 409, "saga_finished")  # the agent itself
+    page = Client()
+    page.force_login(alice)
+    url = f"/sagas/{team.saga.pk}/agent-token/"
+    refused = page.post(url, {"agent": "agent:scout", "action": "rotate"})
+    assert (refused.status_code, refused.content) == (
+        409,
+        b"saga_finished: The saga is completed: it takes no new work.",
+    )
+    assert set(ApiToken.objects.filter(user=team.user("scout")).values_list("key_hash", flat=True)) == held
+    assert not JournalEvent.objects.filter(saga=team.saga, type="collaborator.token_rotated").exists()
+
+    assert page.post(url, {"agent": "agent:scout", "action": "revoke"}).status_code == 302
+    assert client_for(alice).delete(token_path(team, "lead")).status_code == 204
+    assert not ApiToken.objects.filter(user__in=[team.user("scout"), team.user("lead")]).exists()
+    assert len(JournalEvent.objects.filter(saga=team.saga, type="collaborator.token_revoked")) == 2
+
+
 def test_the_dashboard_rotates_and_revokes_for_managers_only(team: Team, alice: User, bob: User) -> None:
     old = issue_token(user=team.user("scout"))
     browser = Client()
