@@ -39,13 +39,15 @@ N = TypeVar("N", bound=Node)
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """A collaborator as `SagaTree.shape` reads it: who it is, and the team its run is in."""
+    """A collaborator as `SagaTree.shape` reads it: who it is, the team its run is in and the
+    run's status (an agent that has ended delegates no more)."""
 
     pk: int
     kind: str
     name: str
     user_id: int
     team_id: int | None
+    run_status: str | None = None
 
     @property
     def handle(self) -> str:
@@ -58,7 +60,7 @@ class Member:
 
 # SagaTree.shape(): every collaborator as a Member, with its delegator; in the order they joined.
 _SHAPE_SQL = prepared(
-    f"SELECT c.id, c.kind, c.name, c.user_id, r.team_id, d.delegator_id FROM {Collaborator._meta.db_table} c "
+    f"SELECT c.id, c.kind, c.name, c.user_id, r.team_id, r.status, d.delegator_id FROM {Collaborator._meta.db_table} c "
     f"LEFT JOIN {Run._meta.db_table} r ON r.collaborator_id = c.id "
     f"LEFT JOIN {Delegation._meta.db_table} d ON d.delegate_id = c.id "
     "WHERE c.saga_id = %s ORDER BY c.joined_at, c.id"
@@ -99,8 +101,8 @@ class SagaTree(Generic[N]):
     def shaped(saga: Saga, rows: Sequence[tuple[Any, ...]]) -> "SagaTree[Member]":
         return SagaTree(
             saga=saga,
-            members={row[0]: Member(*row[:5]) for row in rows},
-            parent={row[0]: row[5] for row in rows if row[5] is not None},
+            members={row[0]: Member(*row[:6]) for row in rows},
+            parent={row[0]: row[6] for row in rows if row[6] is not None},
         )
 
     def with_delegates(self, delegator: Node, delegates: list[N]) -> "SagaTree[N]":

@@ -101,6 +101,8 @@ def add_agents(
     tree = tree_later()
     acting = next((c for c in tree.members.values() if c.user_id == by.pk), None)
     delegator = resolve_parent(tree, parent, by=by, acting=acting)
+    if delegator.run_status in Run.FINISHED:  # as for its asks: a resumable one reports `working` first
+        raise errors.InvalidState(f"{delegator.handle} has ended ({delegator.run_status}): it delegates no more.")
     names = [agent.name for agent in agents]
     taken = {c.name for c in tree.members.values() if c.is_agent}
     if taken & set(names) or len(set(names)) < len(names):

@@ -70,6 +70,8 @@ def ask_agent(
     check_open(facts.saga_status)  # as lock_open_saga() would, with the status read just now
     if facts.key_used:  # a key that was used before answers with its request, whatever has changed since
         return replay(sender, idempotency_key, digest), False
+    if facts.sender_status in Run.FINISHED:  # as for its forms; a resumable one reports `working` first
+        raise errors.InvalidState(f"{sender.handle} has ended ({facts.sender_status}): it asks no more.")
     now = timezone.now()
     recipient, hop = check_ask(saga, sender, to, mode, facts, now=now)
     run = recipient.run
@@ -117,22 +119,23 @@ class AskFacts:
     deepest: int | None  # the deepest hop among the open requests the sender received
     backlog: int  # the recipient's unread steering
     key_used: bool  # whether the sender made a request with this idempotency key before
+    sender_status: str | None  # the sender's run's (finish_run() changes it under the same lock)
 
 
 def read_ask(saga: Saga, sender: Collaborator, name: str, idempotency_key: str = "") -> AskFacts:
     """What check_ask() and check_open() decide on, for an ask of the agent `name`."""
     params = [
-        sender.user_id, ADDRESS_PERM, sender.pk, sender.pk, sender.pk, idempotency_key or None,
+        sender.user_id, ADDRESS_PERM, sender.pk, sender.pk, sender.pk, idempotency_key or None, sender.pk,
         Collaborator.Kind.AGENT.value, name, db_value(Saga, "id", saga.pk),
     ]  # fmt: skip
-    row = fetch_one(_ASK_SQL, params, Collaborator, Run, plain=6)
+    row = fetch_one(_ASK_SQL, params, Collaborator, Run, plain=7)
     if row is None:  # the saga row itself is gone (deleted)
         raise errors.NotFound(f"No saga {saga.pk}.")
-    status, granted, sent, deepest, backlog, key_used, collaborator, run = row
+    status, granted, sent, deepest, backlog, key_used, sender_status, collaborator, run = row
     if collaborator is not None and run is not None:
         run.collaborator = collaborator  # and collaborator.run is run
     recipient = collaborator if run is not None else None
-    return AskFacts(status, recipient, bool(granted), sent, deepest, backlog, bool(key_used))
+    return AskFacts(status, recipient, bool(granted), sent, deepest, backlog, bool(key_used), sender_status)
 
 
 _OPEN_STATUSES = [status.value for status in AgentRequest.OPEN]
@@ -150,6 +153,7 @@ _ASK_SQL = (
     f"(SELECT COUNT(*) FROM {SteeringItem._meta.db_table} WHERE recipient_id = c.id AND consumed_at IS NULL), "
     f"EXISTS (SELECT 1 FROM {AgentRequest._meta.db_table} WHERE sender_id = %s AND idempotency_key = %s "
     "AND NOT (idempotency_key = '')), "
+    f"(SELECT status FROM {Run._meta.db_table} WHERE collaborator_id = %s), "
     f"{columns(Collaborator, 'c')}, {columns(Run, 'r')} FROM {Saga._meta.db_table} s "
     f"LEFT JOIN {Collaborator._meta.db_table} c ON c.saga_id = s.id AND c.kind = %s AND c.name = %s "
     f"LEFT JOIN {Run._meta.db_table} r ON r.collaborator_id = c.id WHERE s.id = %s"

@@ -20,7 +20,7 @@ from accounts.actions import issue_token
 from journal.models import JournalEvent
 from sagas.models import AgentRequest, SteeringItem
 from tests.sagas.api_http import Http, client_for, problem
-from tests.sagas.kernel import Team
+from tests.sagas.kernel import Team, journal, last_seq
 from tests.support import WebServer, wait_until
 
 Client = Callable[[str], APIClient]
@@ -137,6 +137,33 @@ def test_an_idempotency_key_replays_the_first_request_and_refuses_another_body(t
     assert ask(tester, team, untimed, **{"Idempotency-Key": "call-3"}).status_code == 202
     assert ask(tester, team, {**untimed, "timeout_s": 9}, **{"Idempotency-Key": "call-3"}).status_code == 202
     assert AgentRequest.objects.filter(sender=team["tester"]).count() == 3
+
+
+@pytest.mark.parametrize("resumable", [False, True])
+def test_an_agent_whose_run_has_ended_asks_no_more(make_team: Callable[..., Team], resumable: bool) -> None:
+    """Its run over, an external agent keeps its token but no longer asks, as it asks no person
+    (`invalid_state`); a retry of an ask it made before gets that ask. Only its own report of
+    `working` (a resumable one) brings it back."""
+    team = make_team(resumable=["coder"] if resumable else [])
+    coder = client_for(team.user("coder"), "Bearer")
+    body = {"to": "agent:tester", "type": "check", "payload": {}}
+    first = ask(coder, team, body, **{"Idempotency-Key": "k1"}).data["request_id"]
+    status = f"/api/v1/runs/{team.run('coder').pk}/status/"
+    assert coder.post(status, {"status": "finished"}, format="json").status_code == 200
+    mark = last_seq(team.saga)
+
+    refused = problem(ask(coder, team, body), 409, "invalid_state")
+    assert refused["detail"] == "agent:coder has ended (completed): it asks no more."
+    replayed = ask(coder, team, body, **{"Idempotency-Key": "k1"})
+    assert (replayed.status_code, replayed.data["request_id"]) == (202, first)
+    assert list(AgentRequest.objects.values_list("pk", flat=True)) == [first]
+    assert journal(team.saga, after=mark) == []
+
+    back = coder.post(status, {"status": "working"}, format="json")
+    if resumable:
+        assert back.status_code == 200 and ask(coder, team, body).status_code == 202
+    else:
+        problem(back, 409, "invalid_state")
 
 
 def test_hop_limit(team: Team, as_agent: Client, settings: LazySettings) -> None:

@@ -15,10 +15,10 @@ from rest_framework.test import APIClient
 from accounts.actions import create_agent_user
 from accounts.models import ApiToken, User
 from journal.models import JournalEvent
-from sagas import actions
+from sagas import actions, errors
 from sagas.models import Collaborator, Saga, SteeringItem
 from tests.sagas.api_http import client_for, problem
-from tests.sagas.kernel import Team, run_concurrently
+from tests.sagas.kernel import Team, journal, last_seq, run_concurrently
 
 pytestmark = pytest.mark.usefixtures("fast_passwords")
 
@@ -208,6 +208,29 @@ def test_collaborators_join_and_are_discovered_as_the_caller_sees_them(team: Tea
     assert problem(nobody, 404, "not_found")["errors"] == {"username": ["No such person."]}
     # The token is in the response that created the agent, and nowhere else.
     assert token not in json.dumps(owner.get(f"{base}/collaborators/").data)
+
+
+def test_an_agent_whose_run_has_ended_delegates_no_more(team: Team, alice: User) -> None:
+    """No one hands work to a finished agent's delegates: it adds none itself, and no manager adds
+    one under it (`invalid_state`, as for its asks); nothing is written."""
+    base = f"/api/v1/sagas/{team.saga.pk}"
+    coder = client_for(team.user("coder"), "Bearer")
+    assert coder.post(f"/api/v1/runs/{team.run('coder').pk}/status/", {"status": "finished"}, format="json").data
+    mark = last_seq(team.saga)
+    helper = {"kind": "agent", "name": "helper", "role": "R", "task": "t", "runtime": "external"}
+
+    refused = problem(coder.post(f"{base}/collaborators/", helper, format="json"), 409, "invalid_state")
+    assert refused["detail"] == "agent:coder has ended (completed): it delegates no more."
+    under = helper | {"parent": "agent:coder"}
+    problem(client_for(alice).post(f"{base}/collaborators/", under, format="json"), 409, "invalid_state")
+    many = [actions.NewAgent(name=n, role="R", task="t", runtime="external") for n in ("h1", "h2")]
+    with pytest.raises(errors.InvalidState):
+        actions.add_agents(saga=team.saga, agents=many, by=team.user("coder"), parent="agent:coder")
+
+    assert not team.saga.collaborators.filter(name__in=["helper", "h1", "h2"]).exists()
+    assert journal(team.saga, after=mark) == []
+    # Elsewhere in the tree work goes on.
+    assert client_for(alice).post(f"{base}/collaborators/", helper | {"parent": "agent:lead"}, format="json").data
 
 
 def test_people_join_with_a_role(team: Team, alice: User, mallory: User) -> None:
