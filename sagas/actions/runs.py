@@ -33,7 +33,17 @@ from sagas.actions.human_forms import cancel_forms
 from sagas.actions.locking import holding, lock_open_saga, lock_saga
 from sagas.actions.requests import Status, close_request, settle
 from sagas.actions.steering import read_ahead, unread_ahead
-from sagas.models import AgentRequest, Collaborator, Delegation, HumanRequest, RemoteCall, Run, Saga, SteeringItem
+from sagas.models import (
+    AgentRequest,
+    Collaborator,
+    Delegation,
+    HumanRequest,
+    RemoteCall,
+    Run,
+    Saga,
+    SteeringItem,
+    Team,
+)
 from sagas.wakeups import ring_run, ring_run_after_commit
 
 
@@ -43,8 +53,9 @@ def finish_run(
 ) -> bool:
     """A run's terminal transition. Every open request addressed to it becomes
     `recipient_unavailable` in the same transaction, and each sender is told; the forms its agent
-    asked that wait for an answer are withdrawn (no answer would reach it). `worker`: the node
-    name of the worker whose turn ended the run, if one did."""
+    asked that wait for an answer are withdrawn (no answer would reach it); a team's lead takes its
+    teammates at work down with it (shut down, as its own shutdown of each would). `worker`: the
+    node name of the worker whose turn ended the run, if one did."""
     collaborator = run.collaborator
     lock_saga(collaborator.saga_id)
     if status not in Run.FINISHED:
@@ -53,7 +64,8 @@ def finish_run(
     # the read of the requests it strands (one message on PostgreSQL), which is read for nothing if
     # another ending came first.
     finished = rows_later(
-        _FINISH_SQL, [status, db_value(Run, "result", result), error, run.pk, *_UNFINISHED, collaborator.pk]
+        _FINISH_SQL,
+        [status, db_value(Run, "result", result), error, run.pk, *_UNFINISHED, collaborator.pk, collaborator.pk],
     )
     stranded = fetch(_STRANDED_SQL, [collaborator.pk], AgentRequest, Collaborator, Collaborator)
     ended = finished()
@@ -69,7 +81,7 @@ def finish_run(
     for request, request.sender, request.recipient in stranded:
         if settle(request, Status.RECIPIENT_UNAVAILABLE, error=gone):
             close_request(request, actor=collaborator.handle, notify_recipient=False)
-    ((_, asking),) = ended
+    ((_, asking, leading),) = ended
     if asking:  # rare: most runs end with no form open, and learn it with the compare-and-set
         cancel_forms(HumanRequest.objects.filter(asker=collaborator), actor=actor or collaborator.handle)
     record(
@@ -79,6 +91,13 @@ def finish_run(
         run_id=run.pk,
         data=data,
     )
+    if leading:  # rare too: a team's lead, learnt with the compare-and-set (others pay nothing for it)
+        from sagas.actions.teams import end_teammate  # which imports this module (end_run)
+
+        lead_gone = f"The team's lead {collaborator.handle} ended ({status})."
+        mates = Run.objects.filter(team__lead=collaborator).exclude(status__in=Run.FINISHED)
+        for mate in mates.select_related("collaborator").order_by("created_at", "pk"):
+            end_teammate(mate, reason=lead_gone, actor=actor or collaborator.handle)
     return True
 
 
@@ -105,7 +124,10 @@ _FINISH_SQL = prepared(
     f"WHERE id = %s AND status IN ({placeholders(len(_UNFINISHED))}) "
     # whether its agent asked forms still waiting for an answer (finish_run() withdraws them)
     f"RETURNING id, EXISTS (SELECT 1 FROM {HumanRequest._meta.db_table} h "
-    f"WHERE h.asker_id = %s AND h.status IN ({literals([HumanRequest.Status.PENDING.value])}))"
+    f"WHERE h.asker_id = %s AND h.status IN ({literals([HumanRequest.Status.PENDING.value])})), "
+    # whether it leads a team with teammates at work (finish_run() shuts them down)
+    f"EXISTS (SELECT 1 FROM {Team._meta.db_table} t JOIN {Run._meta.db_table} m ON m.team_id = t.id "
+    f"WHERE t.lead_id = %s AND m.status IN ({literals(_UNFINISHED)}))"
 )
 # A finished run waits on nothing: its requests' wait edges end (the waits-for graph, check_no_cycle).
 _END_WAITS_SQL = (

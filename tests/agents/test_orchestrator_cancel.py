@@ -19,7 +19,7 @@ from agents.orchestrator.models import Prompt
 from agents.orchestrator.tasks import run_here
 from journal.models import JournalEvent
 from sagas import actions
-from sagas.models import Collaborator, Saga
+from sagas.models import Collaborator, Run, Saga
 from tests.agents.fake_llm import FakeLLM, say, tool_call
 from tests.agents.orchestration_support import submit
 from tests.support import CeleryWorker, wait_until
@@ -103,6 +103,29 @@ def test_a_manager_cancels_a_running_prompt_and_the_work_it_started(
     assert Prompt.objects.get(pk=prompt.pk).status == "failed"
     detail = client_for(bob).get(f"/api/v1/prompts/{prompt.pk}/").json()
     assert (detail["status"], detail["reason"], detail["results"]) == ("failed", "Cancelled by human:alice.", [])
+
+
+def test_a_worker_that_leads_a_team_takes_its_teammates_down_with_it(
+    saga: Saga, alice: User, client_for: Callable[[User], APIClient], settings: LazySettings
+) -> None:
+    """Cancelled with the prompt, it ends as any lead does: its teammates are shut down, journaled
+    with the lead's end as their reason."""
+    prompt, _ = routed(saga, alice, settings)
+    writer = Collaborator.objects.get(saga=saga, name=prompt.worker_name("writer"))
+    mate, _ = actions.spawn_teammate(
+        lead=writer, name="mate", role="Mate", prompt="p", profile=writer.profile, by=alice
+    )
+
+    assert client_for(alice).post(f"/api/v1/prompts/{prompt.pk}/cancel/").status_code == 200
+
+    why = f"The team's lead {writer.handle} ended (cancelled)."
+    run = Run.objects.get(collaborator=mate)
+    assert (run.status, run.error) == (Run.Status.SHUTDOWN, why)
+    ended = JournalEvent.objects.filter(saga=saga, run_id__in=[writer.run.pk, run.pk], type__startswith="run.")
+    assert [(e.type, e.actor, e.data["error"]) for e in ended.order_by("seq")] == [
+        ("run.cancelled", "human:alice", "Cancelled by human:alice."),
+        ("run.shutdown", "human:alice", why),
+    ]
 
 
 def test_the_plan_view_offers_managers_a_cancel_button_while_it_runs(

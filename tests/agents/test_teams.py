@@ -194,9 +194,11 @@ def test_a_worker_killed_during_a_broadcast_loses_nothing_and_duplicates_nothing
 
 
 @pytest.mark.parametrize("runtime_env", [{"OPENAI_TIMEOUT_S": "60"}], indirect=True)
+@pytest.mark.parametrize("ending", ["shut down", "lead finished"])
 def test_a_teammate_shut_down_during_its_model_call_does_nothing_more(
-    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User
+    worker: CeleryWorker, fake_llm: FakeLLM, saga: Saga, alice: User, ending: str
 ) -> None:
+    """By its lead, or because its lead ended: the worker drops the turn at its next write."""
     load_profiles(entries=[{"name": "busy", "role": "Mate", "model": "busy", "tools": ["ask_agent", "finish"]}])
     lead, _ = actions.add_agent(saga=saga, name="lead", role="Lead", task="lead", runtime="external", by=alice)
     late = tool_call("ask_agent", {"to": "agent:lead", "type": "too.late", "payload": {}}, "late")
@@ -204,14 +206,18 @@ def test_a_teammate_shut_down_during_its_model_call_does_nothing_more(
     mate, _ = actions.spawn_teammate(lead=lead, name="busy", role="Mate", prompt="p", profile="busy", by=alice)
     wait_until(lambda: len(fake_llm.calls_for("busy")) == 1, what="the teammate's model call")
 
-    actions.shutdown_teammate(teammate=mate, reason="Stop now.", by=lead.user)
+    if ending == "shut down":
+        actions.shutdown_teammate(teammate=mate, reason="Stop now.", by=lead.user)
+    else:
+        actions.set_external_status(run_id=lead.run.pk, status="finished", by=lead.user)
     fake_llm.gate.set()  # the model answers after the shutdown: its tool call must not happen
 
     def worker_gave_up() -> bool:
         return "is another worker's; stopping" in worker.log()
 
     wait_until(worker_gave_up, timeout=30, what="the worker to drop the turn")
-    assert run_of(mate).status == Run.Status.SHUTDOWN
+    reason = "Stop now." if ending == "shut down" else "The team's lead agent:lead ended (completed)."
+    assert (run_of(mate).status, run_of(mate).error) == (Run.Status.SHUTDOWN, reason)
     assert not AgentRequest.objects.filter(sender=mate).exists()
     assert not events_of(saga, "llm_call")
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.conf import LazySettings
 from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from accounts.models import User
 from agents.tools import Call, execute
@@ -16,13 +17,17 @@ from agents.transcripts import Transcript
 from journal.models import JournalEvent
 from sagas import actions, errors
 from sagas.actions import teams as team_actions
-from sagas.models import Broadcast, Collaborator, Run, SteeringItem
+from sagas.models import AgentRequest, Broadcast, Collaborator, Run, SteeringItem
 from sagas.models import Team as TeamRow
 from sagas.tasks import reconcile
 from tests.sagas.api_http import client_for, problem
 from tests.sagas.kernel import Clock, Team, events_of, profile_named
 
 pytestmark = pytest.mark.usefixtures("fast_passwords", "redis_url")
+
+# The statements finish_run() runs for a run that leads no team at work (PostgreSQL counts only
+# those not deferred to ride with a later one).
+STATEMENTS_TO_END = {"sqlite": 9, "postgresql": 1}
 
 
 def spawn(team: Team, name: str, *, by: User | None = None, key: str = "") -> Collaborator:
@@ -327,3 +332,64 @@ def test_a_teammate_delegates_no_agent(team: Team) -> None:
     assert not Collaborator.objects.filter(saga=team.saga, name="sub").exists()
     lead = Call(run=team.run("lead"), collaborator=team["lead"], turn=1, call_id="c2")
     assert (execute(lead, "delegate", sub, ["delegate"]).result or {}).get("id") == "agent:sub"
+
+
+def test_a_lead_that_finishes_takes_its_team_down_with_it(team: Team) -> None:
+    """In the transaction that ends the lead, each of its teammates at work is shut down as the
+    lead's own shutdown of it would: journaled, what it was asked fails, what it asked is
+    cancelled. Another lead's teammates and the agents in no team go on."""
+    ann, ben, gone = spawn(team, "ann"), spawn(team, "ben"), spawn(team, "gone")
+    actions.shutdown_teammate(teammate=gone, reason="Not needed.", by=team.user("lead"))
+    cy, _ = actions.spawn_teammate(
+        lead=team["coder"], name="cy", role="Mate", prompt="p", profile=profile_named("mate"), by=team.user("coder")
+    )
+    run = actions.claim_turn(run_id=ben.run.pk)  # ben plays its first turn and idles; ann has not started
+    assert run is not None
+    with actions.saga_transaction(team.saga):
+        actions.end_turn(run=run, turn=run.turn, more=False)
+    assert team.run("ben").status == Run.Status.IDLE
+    asked, _ = actions.ask_agent(sender=team["reviewer"], to="agent:ann", type="review", payload={})
+    asking, _ = actions.ask_agent(sender=ann, to="agent:coder", type="need.data", payload={})
+    others = {name: team.run(name).status for name in ("scout", "coder", "reviewer", "tester", "cy")}
+
+    finished = client_for(team.user("lead"), "Bearer").post(
+        f"/api/v1/runs/{team.run('lead').pk}/status/", {"status": "finished"}, format="json"
+    )
+
+    assert finished.status_code == 200 and finished.json()["status"] == "completed"
+    why = "The team's lead agent:lead ended (completed)."
+    for mate in (ann, ben):
+        run = Run.objects.get(collaborator=mate)
+        assert (run.status, run.error, run.resumable) == (Run.Status.SHUTDOWN, why, False)
+    assert (team.run("gone").status, team.run("gone").error) == (Run.Status.SHUTDOWN, "Not needed.")
+    assert {name: team.run(name).status for name in others} == others
+    assert Run.objects.get(collaborator=cy).status == Run.Status.QUEUED
+    events = JournalEvent.objects.for_saga(team.saga.pk).filter(type__in=["run.completed", "run.shutdown"])
+    ended = [(e.type, e.actor, e.run_id, e.data["error"]) for e in events if e.run_id != gone.run.pk]
+    assert ended == [
+        ("run.completed", "agent:lead", team.run("lead").pk, ""),
+        ("run.shutdown", "agent:lead", ann.run.pk, why),
+        ("run.shutdown", "agent:lead", ben.run.pk, why),
+    ]
+    asked.refresh_from_db()
+    asking.refresh_from_db()
+    assert (asked.status, asking.status) == (AgentRequest.Status.RECIPIENT_UNAVAILABLE, AgentRequest.Status.CANCELLED)
+    roster = {m["id"]: m for m in client_for(team.user("lead"), "Bearer").get(url(team)).json()["teammates"]}
+    assert (roster["agent:ann"]["status"], roster["agent:ann"]["reason"]) == ("shutdown", why)
+    with pytest.raises(errors.RecipientUnavailable):  # and it never wakes again
+        actions.ask_agent(sender=team["reviewer"], to="agent:ann", type="more", payload={})
+
+
+def test_a_run_that_leads_no_team_ends_in_as_many_statements_as_before(team: Team) -> None:
+    """Every run's end asks whether it leads a team with anyone at work, in the statement that
+    ends it: the runs that lead none (most) pay nothing more for it, nor does a lead whose
+    teammates have all ended."""
+    ann = spawn(team, "ann")
+    actions.shutdown_teammate(teammate=ann, reason="Done.", by=team.user("lead"))
+    counts = []
+    for name in ("scout", "lead"):
+        run = Run.objects.select_related("collaborator").get(pk=team.run(name).pk)
+        with CaptureQueriesContext(connection) as queries, actions.saga_transaction(team.saga, current=True):
+            assert actions.finish_run(run=run, status=Run.Status.COMPLETED, result={"ok": True})
+        counts.append(len(queries.captured_queries))
+    assert counts == [STATEMENTS_TO_END[connection.vendor]] * 2
