@@ -201,10 +201,12 @@ def wait_deadline(request: AgentRequest) -> datetime:
 def settled(caller: Caller, request_id: str, deadline: datetime) -> float:
     """One look at a blocking send: 0 when it is over (the task ended, the agent asked back, or
     the wait's deadline passed), else how long the wait may still last. Refused once what
-    authorized the send no longer holds, as a stream is (check_allowed): nothing more to read."""
-    check_allowed(caller)
+    authorized the send no longer holds, as a stream is (check_allowed): nothing more to read. It
+    is checked after the read, so that a reply committed after a withdrawal is never read as still
+    allowed (checked first, both could commit between the check and the read)."""
     now = timezone.now()
     view = snapshot(request_id)
+    check_allowed(caller)
     if view.state not in SETTLED and deadline > now:
         return (deadline - now).total_seconds()
     if view.request.is_open:  # the task goes on; the caller answers, polls or subscribes
@@ -429,8 +431,8 @@ async def follow(
             if slot is not None and time.monotonic() >= renew_at:  # a stream may last longer than a slot
                 await in_thread(slot.renew)
                 renew_at = time.monotonic() + SLOT_RENEW_S
-            await in_thread(check_allowed, caller)
             view = await in_thread(snapshot, request_id)
+            await in_thread(check_allowed, caller)  # after the read, as settled() checks
             if view.state == state:
                 continue
             state = view.state

@@ -4,13 +4,17 @@ token revoked, or the agent no longer exposed. What the agent answers after is n
 import json
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 
 import httpx
 import pytest
+from a2a.utils.errors import InvalidRequestError
+from django.utils import timezone
 
-from accounts.models import User
+from accounts.models import ApiToken, User
+from gateways.a2a import handler
 from sagas import actions
-from sagas.models import AgentRequest
+from sagas.models import AgentRequest, Collaborator
 from tests.gateways.conftest import Cast
 from tests.support import WebServer, wait_until
 
@@ -86,3 +90,29 @@ def test_a_blocking_send_gets_no_reply_once_its_authorization_is_withdrawn(
         sender.join(timeout=30)
     assert not sender.is_alive() and len(answers) == 1
     assert "error" in answers[0] and "for ext only" not in json.dumps(answers)
+
+
+@pytest.mark.parametrize("withdraw", ["token", "exposure"])
+def test_a_reply_committed_after_a_withdrawal_is_never_read_as_allowed(
+    cast: Cast, alice: User, monkeypatch: pytest.MonkeyPatch, withdraw: str
+) -> None:
+    """A blocking send's look at its task: the withdrawal of what authorized it, then the reply,
+    both committed while it looks (between its authorization check and its read) are refused, not
+    read as the reply to an allowed caller."""
+    ext = Collaborator.objects.get(saga=cast.saga, name="ext")
+    token = ApiToken.objects.get(user=ext.user)
+    task, _ = actions.ask_agent(sender=ext, to="agent:slow", type="a2a.message", payload={"parts": [{"text": "hi"}]})
+    read = handler.snapshot
+
+    def meanwhile(request_id: str) -> handler.Snapshot:
+        if withdraw == "token":
+            actions.revoke_agent_token(saga=cast.saga, handle="agent:ext", by=alice)
+        else:
+            actions.set_exposed(saga=cast.saga, handle="agent:slow", exposed=False, by=alice)
+        actions.reply_to_request(request_id=task.pk, by=cast.slow.user, payload={"secret": "for ext only"})
+        return read(request_id)
+
+    monkeypatch.setattr(handler, "snapshot", meanwhile)
+    caller = handler.Caller(sender=ext, agent=cast.slow, token_id=token.pk)
+    with pytest.raises(InvalidRequestError):
+        handler.settled(caller, task.pk, timezone.now() + timedelta(seconds=30))
