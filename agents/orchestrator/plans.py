@@ -69,6 +69,9 @@ def signal_matches(pattern: str, text: str, routing: Routing, role: str) -> bool
             "Brain %r, role %r: the signal %r took too long to match a prompt.", routing.brain, role, pattern
         )
         return None
+    except regex.error as exc:  # saved while `re` read the signals: Brain.clean() refuses it since
+        logger.warning("Brain %r, role %r: the signal %r does not compile: %s", routing.brain, role, pattern, exc)
+        return False
 
 
 def heuristic_plan(text: str, routing: Routing) -> Plan:

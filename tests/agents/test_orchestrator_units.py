@@ -60,8 +60,8 @@ def test_a_default_primary_not_allowed_is_stood_in_for_by_a_support_role_not_the
 
 
 # Backtracking that no engine cuts short: each run of letters splits every way before `$` fails at
-# the "!", for 2^60 ways or so; and the example a brain could well hold, which `re` alone runs for
-# minutes on such a prompt.
+# the "!", for 2^60 ways or so; and a pattern a brain could well hold, which `re` runs for minutes on
+# such a prompt and `regex` answers at once (no match).
 CATASTROPHIC = r"(\w|\w\w)+$"
 BACKTRACKING = r"(\w+\s?)+$"
 PATHOLOGICAL = "Implement it, with tests: " + "a" * 60 + "!"
@@ -80,7 +80,7 @@ def test_a_signal_that_runs_too_long_counts_as_no_match_and_the_plan_names_its_r
 
     assert time.monotonic() - started < 5
     assert plan["primary_role"] == "coder"
-    # The tester's other signal still matched; the writer's only one did not, in time.
+    # The tester's other signal still matched; the writer's only one does not match (at once).
     assert plan["workers"] == [
         {"role": "tester", "goal": plans.default_goal("tester", "coder"), "reason": r"signals: \btests?\b"}
     ]
@@ -91,6 +91,22 @@ def test_a_signal_that_runs_too_long_counts_as_no_match_and_the_plan_names_its_r
     # The router's plan, when it is the one kept, says so too.
     routed = plans.normalize_router_decision(json.dumps({"primary_role": "writer"}), routing, plan)
     assert (routed["source"], routed["signals_timed_out"]) == ("router", ["tester"])
+
+
+def test_a_signal_saved_before_it_was_checked_that_does_not_compile_counts_as_no_match(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A brain saved while `re` read its signals may hold one that `regex` does not compile (it is
+    refused at load since): that signal counts as no match, and the prompt is routed."""
+    signals = {**BRAIN.signals, "tester": ["[[:foo:]]"]}
+    routing = plans.Routing.of(SimpleNamespace(**{**vars(BRAIN), "signals": signals}))
+
+    with caplog.at_level(logging.WARNING, logger="agents.orchestrator.plans"):
+        plan = plans.heuristic_plan("implement it, with tests", routing)
+
+    assert (plan["primary_role"], plan["workers"], "signals_timed_out" in plan) == ("coder", [], False)
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["Brain 'units', role 'tester'"]
+    assert "does not compile" in caplog.records[0].getMessage()
 
 
 FALLBACK = plans.heuristic_plan("implement the api with tests", ROUTING)
