@@ -15,7 +15,7 @@ def revoke_internal_agent_tokens(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    dependencies = [("accounts", "0001_initial"), ("sagas", "0014_run_reclaims")]
+    dependencies = [("accounts", "0001_initial"), ("sagas", "0015_run_reclaims_in_row")]
 
     # Nothing to put back: a revoked token's key was never stored.
     operations = [migrations.RunPython(revoke_internal_agent_tokens, migrations.RunPython.noop)]

@@ -1,4 +1,4 @@
-"""Data migrations of the accounts app, run on rows the current models write."""
+"""The data migration that revokes internal agents' tokens, run on rows the current models write."""
 
 import importlib
 
@@ -11,7 +11,7 @@ from sagas import actions
 from tests.sagas.api_http import problem
 from tests.sagas.kernel import profile_named
 
-revoking = importlib.import_module("accounts.migrations.0002_revoke_internal_agent_tokens")
+revoking = importlib.import_module("sagas.migrations.0016_revoke_internal_agent_tokens")
 
 
 def bearer(key: str) -> APIClient:
