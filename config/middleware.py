@@ -5,16 +5,15 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse
 
 from config.payloads import text_problem
-from config.problems import problem_response
+from config.problems import refusal_body
 
 API_PREFIX = "/api/"
 
 
 def refuse(request: HttpRequest, status: int, code: str, title: str, detail: str) -> HttpResponse:
     """A refusal before any view: problem+json under the API, plain text elsewhere."""
-    if request.path_info.startswith(API_PREFIX):
-        return problem_response(status, code, title, detail)
-    return HttpResponse(f"{code}: {detail}", status=status, content_type="text/plain; charset=utf-8")
+    content_type, body = refusal_body(request.path_info, status, code, title, detail)
+    return HttpResponse(body, status=status, content_type=content_type)
 
 
 class RequireContentLength:

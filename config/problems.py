@@ -1,5 +1,6 @@
 """Every API error as `application/problem+json` with a stable `code`."""
 
+import json
 from typing import Any
 
 from django.conf import settings
@@ -42,6 +43,18 @@ _DRF_CODES: list[tuple[type[Exception], str, str]] = [
 
 def problem_body(status_code: int, code: str, title: str, detail: Any, **extra: Any) -> dict[str, Any]:
     return {"type": "about:blank", "title": title, "status": status_code, "code": code, "detail": detail, **extra}
+
+
+# Where machines call, and read a refusal as problem+json: the REST API and the A2A and MCP gateways.
+MACHINE_PATHS = ("/api/", "/a2a/", "/mcp")
+
+
+def refusal_body(path: str, status_code: int, code: str, title: str, detail: str) -> tuple[str, bytes]:
+    """A refusal before any view, as its content type and body: problem+json where machines call,
+    plain text elsewhere (a page's form, a browser)."""
+    if path.startswith(MACHINE_PATHS):
+        return "application/problem+json", json.dumps(problem_body(status_code, code, title, detail)).encode()
+    return "text/plain; charset=utf-8", f"{code}: {detail}".encode()
 
 
 def problem(status_code: int, code: str, title: str, detail: Any, **extra: Any) -> Response:

@@ -389,11 +389,12 @@ FILE_UPLOAD_HANDLERS = [
     "django.core.files.uploadhandler.TemporaryFileUploadHandler",
 ]
 # The largest request body the web server takes in (config/web_request.py); past it, 413 before the
-# rest is read. By default the largest any endpoint accepts: an upload of the largest artifact, or a
-# body the app reads whole (the REST API's JSON, forms, the A2A and MCP gateways: config/edge.py).
+# rest is read. By default twice the largest any endpoint accepts (an upload of the largest artifact,
+# or a body the app reads whole: the REST API's JSON, forms, the A2A and MCP gateways, config/edge.py),
+# so that a file a little over the limit still reaches the page that says why.
 AGORA_MAX_BODY_BYTES = env_number(
     "AGORA_MAX_BODY_BYTES",
-    max(AGORA_MAX_ARTIFACT_BYTES + AGORA_UPLOAD_FRAMING_BYTES, DATA_UPLOAD_MAX_MEMORY_SIZE),
+    2 * max(AGORA_MAX_ARTIFACT_BYTES + AGORA_UPLOAD_FRAMING_BYTES, DATA_UPLOAD_MAX_MEMORY_SIZE),
     whole=True,
 )
 # Teams: the budgets a new team starts with, and who counts its tokens (the runtime keeps them).

@@ -9,18 +9,19 @@ request with its module's `WebRequest`, which config/web.py replaces with this o
 - Twisted takes in a body of any size (over 100 kB to a temporary file) and calls daphne only once
   it is whole, and Django copies it again before the app refuses it: anyone could make the server
   write gigabytes to disk, twice. A body declared over AGORA_MAX_BODY_BYTES, or a chunked one once
-  it passes it, is answered 413 `payload_too_large` at once (problem+json under /api/, text
+  it passes it, is answered 413 `payload_too_large` at once (problem+json where machines call, text
   elsewhere, as config/middleware.py refuses), the rest is not read and the connection is closed."""
 
-import json
+import logging
 from typing import Any
 
 from daphne import http_protocol
 from django.conf import settings
 from twisted.web.http_headers import Headers
 
-from config.middleware import API_PREFIX
-from config.problems import problem_body
+from config.problems import refusal_body
+
+logger = logging.getLogger(__name__)
 
 
 class WebRequest(http_protocol.WebRequest):
@@ -54,12 +55,9 @@ class WebRequest(http_protocol.WebRequest):
         self.requestHeaders.removeHeader(b"Expect")  # Twisted would send `100 Continue` after the answer
         detail = f"Limit is {settings.AGORA_MAX_BODY_BYTES} bytes for a request body."
         path = self.channel._path.split(b"?", 1)[0].decode("latin-1")  # the request line's: ours has none yet
-        if path.startswith(API_PREFIX):
-            kind = b"application/problem+json"
-            body = json.dumps(problem_body(413, "payload_too_large", "Payload too large", detail)).encode()
-        else:
-            kind, body = b"text/plain; charset=utf-8", f"payload_too_large: {detail}".encode()
-        head = {b"Content-Type": [kind], b"Content-Length": [b"%d" % len(body)], b"Connection": [b"close"]}
+        logger.warning("413 %s: a body over %d bytes, refused unread", path[:200], settings.AGORA_MAX_BODY_BYTES)
+        kind, body = refusal_body(path, 413, "payload_too_large", "Payload too large", detail)
+        head = {b"Content-Type": [kind.encode()], b"Content-Length": [b"%d" % len(body)], b"Connection": [b"close"]}
         self.channel.writeHeaders(b"HTTP/1.1", b"413", b"Payload Too Large", Headers(head))
         self.channel.write(body)
         self.channel.loseConnection()  # once the answer is out; nothing more is read

@@ -1,4 +1,4 @@
-"""The web server refuses a body over AGORA_MAX_BODY_BYTES before it reads it (config/web.py): a
+"""The web server refuses a body over AGORA_MAX_BODY_BYTES before it reads it (config/web_request.py): a
 Content-Length declared over it, or a chunked body once it passes it, is answered 413 at once and
 the connection closed; before, anyone could make daphne write gigabytes to a temporary file, and
 then Django copy them again, before the app refused them."""
@@ -89,3 +89,19 @@ def test_the_largest_artifact_still_goes_through_the_server(web_server: WebServe
     added = web.call("POST", f"/api/v1/sagas/{saga.pk}/artifacts/", raw=upload, headers=form).ok(201)
 
     assert (added["name"], added["size"]) == ("big.bin", settings.AGORA_MAX_ARTIFACT_BYTES)
+    # A file a little over the limit (its framing past it too) reaches the app, which says why.
+    over = upload.replace(b"big.bin", b"over.bin").replace(
+        content, content + b"x" * 2 * settings.AGORA_UPLOAD_FRAMING_BYTES
+    )
+    refused = web.call("POST", f"/api/v1/sagas/{saga.pk}/artifacts/", raw=over, headers=form)
+    assert refused.problem(413, "payload_too_large")["detail"] == "This upload is over the artifact size limit."
+
+
+def test_the_gateways_are_answered_as_the_api_is(web_server: WebServer) -> None:
+    """The A2A and MCP endpoints' clients read problem+json, as the gateways' own refusals are."""
+    for path in (f"/a2a/{uuid.uuid4()}/ext/", "/mcp"):
+        status, headers, body = exchange(web_server, post(path, "Content-Type: application/json",
+                                                          f"Content-Length: {TEN_GB}"))  # fmt: skip
+        assert (status, headers["content-type"], json.loads(body)["code"]) == (
+            413, "application/problem+json", "payload_too_large"
+        )  # fmt: skip
