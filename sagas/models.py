@@ -181,10 +181,7 @@ class Run(models.Model):
         default=0, db_default=0,  # the database's too: rows a worker of the release before inserts
         help_text="Turns taken back after their worker died (made again by the next): not counted as turns used.",
     )  # fmt: skip
-    # A turn that fails its task each time it is made is taken back again and again: these count the
-    # reclaims one after another, none of the turns between ending (each remade turn is the next
-    # number), so that a long-lived run taken back now and then over its life (a deploy, a dead
-    # host) is not failed for them.
+    # Reclaims one after another (each remake is the next turn) are a turn that fails each time it is made.
     reclaimed_turn = models.PositiveIntegerField(default=0, db_default=0, help_text="The turn last taken back.")
     reclaims_in_row = models.PositiveIntegerField(
         default=0, db_default=0,

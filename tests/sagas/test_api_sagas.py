@@ -215,7 +215,8 @@ def test_an_agent_whose_run_has_ended_delegates_no_more(team: Team, alice: User)
     one under it (`invalid_state`, as for its asks); nothing is written."""
     base = f"/api/v1/sagas/{team.saga.pk}"
     coder = client_for(team.user("coder"), "Bearer")
-    assert coder.post(f"/api/v1/runs/{team.run('coder').pk}/status/", {"status": "finished"}, format="json").data
+    finished = coder.post(f"/api/v1/runs/{team.run('coder').pk}/status/", {"status": "finished"}, format="json")
+    assert (finished.status_code, finished.data["status"]) == (200, "completed")
     mark = last_seq(team.saga)
     helper = {"kind": "agent", "name": "helper", "role": "R", "task": "t", "runtime": "external"}
 
@@ -230,7 +231,8 @@ def test_an_agent_whose_run_has_ended_delegates_no_more(team: Team, alice: User)
     assert not team.saga.collaborators.filter(name__in=["helper", "h1", "h2"]).exists()
     assert journal(team.saga, after=mark) == []
     # Elsewhere in the tree work goes on.
-    assert client_for(alice).post(f"{base}/collaborators/", helper | {"parent": "agent:lead"}, format="json").data
+    added = client_for(alice).post(f"{base}/collaborators/", helper | {"parent": "agent:lead"}, format="json")
+    assert added.status_code == 201 and team.saga.collaborators.filter(name="helper").exists()
 
 
 def test_people_join_with_a_role(team: Team, alice: User, mallory: User) -> None:
