@@ -92,12 +92,10 @@ def finish_run(
         data=data,
     )
     if leading:  # rare too: a team's lead, learnt with the compare-and-set (others pay nothing for it)
-        from sagas.actions.teams import end_teammate  # which imports this module (end_run)
+        from sagas.actions.teams import shutdown_team  # which imports this module (end_run)
 
         lead_gone = f"The team's lead {collaborator.handle} ended ({status})."
-        mates = Run.objects.filter(team__lead=collaborator).exclude(status__in=Run.FINISHED)
-        for mate in mates.select_related("collaborator").order_by("created_at", "pk"):
-            end_teammate(mate, reason=lead_gone, actor=actor or collaborator.handle)
+        shutdown_team(team=collaborator.team, reason=lead_gone, actor=actor or collaborator.handle)
     return True
 
 

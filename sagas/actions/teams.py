@@ -274,10 +274,11 @@ def idle_teammate_ids(now: datetime) -> list[str]:
 
 @transaction.atomic
 def shutdown_team(*, team: Team, reason: str, actor: str = "system") -> int:
-    """Every teammate at work shut down (a finished saga ends its teams); returns how many."""
+    """Every teammate at work shut down, oldest first (a finished saga ends its teams, an ended lead
+    its own); returns how many."""
     lock_saga(team.saga_id)
     runs = Run.objects.filter(team=team).exclude(status__in=Run.FINISHED).select_related("collaborator")
-    return sum(end_teammate(run, reason=reason, actor=actor) for run in runs)
+    return sum(end_teammate(run, reason=reason, actor=actor) for run in runs.order_by("created_at", "pk"))
 
 
 @dataclass(frozen=True)
