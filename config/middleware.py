@@ -5,9 +5,7 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse
 
 from config.payloads import text_problem
-from config.problems import refusal_body
-
-API_PREFIX = "/api/"
+from config.problems import API_PREFIX, refusal_body
 
 
 def refuse(request: HttpRequest, status: int, code: str, title: str, detail: str) -> HttpResponse:

@@ -45,8 +45,9 @@ def problem_body(status_code: int, code: str, title: str, detail: Any, **extra: 
     return {"type": "about:blank", "title": title, "status": status_code, "code": code, "detail": detail, **extra}
 
 
+API_PREFIX = "/api/"
 # Where machines call, and read a refusal as problem+json: the REST API and the A2A and MCP gateways.
-MACHINE_PATHS = ("/api/", "/a2a/", "/mcp")
+MACHINE_PATHS = (API_PREFIX, "/a2a/", "/mcp")
 
 
 def refusal_body(path: str, status_code: int, code: str, title: str, detail: str) -> tuple[str, bytes]:
@@ -72,7 +73,7 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     if isinstance(exc, Problem):
         return problem(exc.status, exc.code, exc.title, exc.detail, **exc.extra)
     if isinstance(exc, READ_REFUSALS):  # Django refused the request as it read it
-        return problem(*refusal(exc))
+        return problem(*read_refusal(exc))
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -96,7 +97,7 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
 READ_REFUSALS = (RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent)
 
 
-def refusal(exc: Exception) -> tuple[int, str, str, str]:
+def read_refusal(exc: Exception) -> tuple[int, str, str, str]:
     """What a refusal of READ_REFUSALS answers: status, code, title, detail (in words of ours:
     Django's name its settings)."""
     if isinstance(exc, RequestDataTooBig):
@@ -117,15 +118,15 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     browsers; any other refusal (a Host not allowed) Django's own answer, which says nothing."""
     if not isinstance(exception, READ_REFUSALS):
         return defaults.bad_request(request, exception)
-    status, code, title, detail = refusal(exception)
-    if request.path_info.startswith("/api/"):
+    status, code, title, detail = read_refusal(exception)
+    if request.path_info.startswith(API_PREFIX):
         return problem_response(status, code, title, detail)
     return render(request, "400.html", {"title": title, "detail": detail}, status=status)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
     """Django's handler500: a problem for API clients, the plain page for browsers; no details."""
-    if request.path_info.startswith("/api/"):
+    if request.path_info.startswith(API_PREFIX):
         return problem_response(
             500, "server_error", "Server error", "Something went wrong on our side; it has been logged."
         )
