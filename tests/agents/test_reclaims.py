@@ -17,6 +17,19 @@ from tests.agents.fake_llm import FakeLLM, say, tool_call
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+class NoBeats:
+    def add(self, turns: object) -> None: ...
+    def remove(self, turns: object) -> None: ...
+
+
+@pytest.fixture(autouse=True)
+def no_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests lapse leases themselves. The process's heartbeat thread would renew one whose
+    renewal was under way when its failed task ended, after the test lapsed it, and nothing
+    would be taken back."""
+    monkeypatch.setattr("agents.executor.heartbeat", NoBeats)
+
+
 def test_a_turn_that_fails_its_task_each_time_ends_the_run_once_taken_back_too_often(
     saga: Saga, alice: User, model_here: FakeLLM, monkeypatch: pytest.MonkeyPatch, settings: LazySettings
 ) -> None:
