@@ -1,8 +1,8 @@
 """A fork server for the suite's Python children (Celery workers, web servers, beat).
 
 Each of those children used to import the same libraries again: more than a second of CPU of the
-two seconds it takes to start, for each of the hundreds of processes the suite starts. The server
-is a Python process that has imported them once, before anything reads the settings or the
+two seconds it takes to start, for each of the 150 or so processes a run of the suite starts. The
+server is a Python process that has imported them once, before anything reads the settings or the
 environment; each child is a fork of it that then runs `python -m <module> <args>` with its own
 environment, working directory and log, in a session of its own, exactly as a new interpreter
 would from there on (Django, the app and the settings are imported by the child).
@@ -193,7 +193,7 @@ def serve(path: str) -> None:
         try:
             answer = handle(request, conn)
         except OSError as exc:
-            answer = {"error": str(exc), "pid": None, "returncode": None, "exited": False}
+            answer = {"error": str(exc), "pid": None}  # a spawn that failed: the client uses Popen
         stream.write(json.dumps(answer) + "\n")
         stream.flush()
 
@@ -201,8 +201,6 @@ def serve(path: str) -> None:
 def handle(request: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
     op, pid = request["op"], request.get("pid", 0)
     if op == "spawn":
-        if threading.active_count() > 1:
-            return {"pid": None}  # not safe to fork: the client starts it with Popen
         return {"pid": fork_child(request, conn)}
     if op == "poll":  # reaps it, as Popen.poll() does
         try:
@@ -237,10 +235,6 @@ def fork_child(request: dict[str, Any], conn: socket.socket) -> int:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        import random
-
-        random.seed()
         sys.argv = [request["module"], *request["args"]]
         import runpy
 
