@@ -24,6 +24,7 @@ ends when that process closes the connection, or exits.
 import contextlib
 import json
 import os
+import runpy
 import shutil
 import signal
 import socket
@@ -169,7 +170,8 @@ def _server() -> Client | None:
 # --- the server ----------------------------------------------------------------------------------
 
 
-def serve(path: str) -> None:
+def serve(path: str) -> dict[str, Any] | None:
+    """Serve the test process until it goes; in a child, return its spawn request (see run())."""
     for name in AHEAD:
         __import__(name)
     from django.conf import settings
@@ -190,18 +192,26 @@ def serve(path: str) -> None:
     stream = conn.makefile("rw")
     for line in stream:  # until the test process closes its end or exits
         request = json.loads(line)
+        answer: dict[str, Any]
         try:
-            answer = handle(request, conn)
+            if request["op"] == "spawn":
+                request["log_fd"] = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                if (pid := os.fork()) == 0:
+                    stream.close()
+                    conn.close()
+                    return request
+                os.close(request["log_fd"])
+                answer = {"pid": pid}
+            else:
+                answer = peek(request["op"], request["pid"])
         except OSError as exc:
             answer = {"error": str(exc), "pid": None}  # a spawn that failed: the client uses Popen
         stream.write(json.dumps(answer) + "\n")
         stream.flush()
+    return None
 
 
-def handle(request: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
-    op, pid = request["op"], request.get("pid", 0)
-    if op == "spawn":
-        return {"pid": fork_child(request, conn)}
+def peek(op: str, pid: int) -> dict[str, Any]:
     if op == "poll":  # reaps it, as Popen.poll() does
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -216,42 +226,24 @@ def handle(request: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
     raise ValueError(f"unknown op {op}")
 
 
-def fork_child(request: dict[str, Any], conn: socket.socket) -> int:
-    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    pid = os.fork()
-    if pid:
-        os.close(log)
-        return pid
-    code = 1
-    try:  # the child: from here on, what `python -m module args` would be
-        os.setsid()
-        os.close(conn.fileno())  # the server's end of the test process's connection
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(null)
-        os.close(log)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        sys.argv = [request["module"], *request["args"]]
-        import runpy
-
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 - its traceback goes to its log and it exits 1, as an interpreter's would
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+def run(request: dict[str, Any]) -> None:
+    """The child, at the top level of the server's interpreter: from here on it is what
+    `python -m module args` would be, down to its exit (its threads joined, its atexit handlers
+    run, its exit code that of its SystemExit or 1 after a traceback)."""
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(request["log_fd"], 1)
+    os.dup2(request["log_fd"], 2)
+    os.close(null)
+    os.close(request["log_fd"])
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = [request["module"], *request["args"]]
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    if (child := serve(sys.argv[1])) is not None:
+        run(child)
