@@ -26,7 +26,6 @@ import json
 import os
 import runpy
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -61,8 +60,6 @@ class Process(Protocol):
 
     def poll(self) -> int | None: ...
     def wait(self, timeout: float | None = None) -> int: ...
-    def send_signal(self, sig: int) -> None: ...
-    def kill(self) -> None: ...
 
 
 def spawn(module: str, args: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> Process:
@@ -81,7 +78,8 @@ def spawn(module: str, args: list[str], *, cwd: Path, env: dict[str, str], log: 
 
 
 class ForkedProcess:
-    """A child of the fork server, with the part of Popen's interface the tests use."""
+    """A child of the fork server, with the part of Popen's interface the tests use (they signal
+    its process group: kill_group())."""
 
     def __init__(self, server: "Client", pid: int) -> None:
         self.server, self.pid = server, pid
@@ -94,7 +92,7 @@ class ForkedProcess:
 
     def exited(self) -> bool:
         """Whether it has exited, without reaping it (its pid stays its own until poll())."""
-        return self.returncode is not None or bool(self.server.call("exited", pid=self.pid)["exited"])
+        return bool(self.server.call("exited", pid=self.pid)["exited"])
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -103,17 +101,6 @@ class ForkedProcess:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
             time.sleep(0.02)
         return code
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
 
 class Client:
@@ -204,8 +191,9 @@ def serve(path: str) -> dict[str, Any] | None:
                 answer = {"pid": pid}
             else:
                 answer = peek(request["op"], request["pid"])
-        except OSError as exc:
-            answer = {"error": str(exc), "pid": None}  # a spawn that failed: the client uses Popen
+        except OSError as exc:  # a spawn that failed: the client uses Popen
+            print(f"spawn of {request.get('module')} failed: {exc}", file=sys.stderr)
+            answer = {"pid": None}
         stream.write(json.dumps(answer) + "\n")
         stream.flush()
     return None
