@@ -88,15 +88,21 @@ def render_list(
 @login_required
 @require_POST
 def saga_create(request: HttpRequest) -> HttpResponse:
+    """The form on the list page; sent twice (its one-time key), it creates one saga, whose page
+    both answers open."""
     values = {k: request.POST.get(k, "").strip() for k in ("title", "goal", "policy")}
     assert isinstance(request.user, User)
     try:
-        saga = actions.create_saga(
-            title=values["title"], goal=values["goal"], policy=values["policy"], owner=request.user
-        )
+        saga, created = actions.create_saga_once(
+            title=values["title"], goal=values["goal"], policy=values["policy"], owner=request.user,
+            idempotency_key=form_key(request.POST),
+        )  # fmt: skip
+    except errors.IdempotencyConflict:
+        return render_list(request, values=values, errors_={"form": [FORM_SENT]}, status=400)
     except errors.InvalidPayload as exc:
         return render_list(request, values=values, errors_=form_errors(exc), status=400)
-    messages.success(request, f"Saga “{saga.title}” created. Add agents and people to get it going.")
+    if created:
+        messages.success(request, f"Saga “{saga.title}” created. Add agents and people to get it going.")
     return redirect(saga_url(saga))
 
 

@@ -123,6 +123,21 @@ def test_creating_a_saga(alice: User) -> None:
     assert Collaborator.objects.filter(saga=saga, user=alice, role="Owner").exists()
 
 
+def test_the_saga_form_sent_twice_creates_one_saga(alice: User) -> None:
+    client = client_for(alice)
+    form = re.search(r'name="idempotency_key" value="([0-9a-f]{32})"', client.get("/").content.decode())
+    assert form is not None
+    sent = {"title": "Audit logs", "goal": "Find gaps", "policy": "hub", "idempotency_key": form[1]}
+    answers = [client.post(reverse("sagas:create"), sent) for _ in range(2)]
+    (saga,) = Saga.objects.filter(title="Audit logs")
+    assert [(a.status_code, a["Location"]) for a in answers] == [(302, page_url(saga))] * 2
+    again = client.post(reverse("sagas:create"), {**sent, "title": "Audit metrics"})
+    assert again.status_code == 400 and FORM_SENT in again.content.decode()
+    assert not Saga.objects.filter(title="Audit metrics").exists()
+    other = client_for(alice).get("/").content.decode()  # each render has a key of its own
+    assert form[1] not in other and re.search(r'name="idempotency_key" value="[0-9a-f]{32}"', other)
+
+
 # --- the saga page -----------------------------------------------------------------------------
 
 
