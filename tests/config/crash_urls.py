@@ -1,4 +1,5 @@
-"""The app's URLs plus some that crash (a page, and where machines call), for the test that a crash never shows a traceback."""
+"""The app's URLs plus some that crash (a page, and where machines call), for the test that a
+crash never shows a traceback."""
 
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
