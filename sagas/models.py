@@ -105,6 +105,9 @@ class Collaborator(models.Model):
         default=False, help_text="Reachable by A2A clients through the gateway, with an agent card (set by a manager)."
     )
     joined_at = models.DateTimeField(auto_now_add=True)
+    # Who added it and with which Idempotency-Key (payloads.caller_key), and the body it was for.
+    idempotency_key = models.CharField(max_length=64, blank=True, default="", db_default="")
+    body_hash = models.CharField(max_length=64, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["saga", "joined_at", "pk"]
@@ -112,6 +115,11 @@ class Collaborator(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["saga", "kind", "name"], name="collaborator_handle_unique"),
             models.UniqueConstraint(fields=["saga", "user"], name="collaborator_principal_unique"),
+            models.UniqueConstraint(
+                fields=["saga", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="collaborator_idempotency_unique",
+            ),
             models.CheckConstraint(
                 condition=(Q(kind="agent") & ~Q(runtime="")) | (Q(kind="human") & Q(runtime="")),
                 name="collaborator_runtime_matches_kind",

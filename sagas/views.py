@@ -317,18 +317,24 @@ def steer_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
 @login_required
 @require_POST
 def add_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
-    """Add an agent: internal (Agora runs it, by profile) or external (it gets a token, shown once)."""
+    """Add an agent: internal (Agora runs it, by profile) or external (it gets a token, shown once).
+    The form sent twice (its one-time key) adds one agent; an external one's token is then a new
+    one, shown in the answer the browser shows (the first answer's is revoked)."""
     saga = managed_saga(request, saga_id, "Only managers of the saga add collaborators.")
     fields = ("name", "role", "task", "runtime", "profile", "parent")
     values = {k: request.POST.get(k, "").strip() for k in fields}
     assert isinstance(request.user, User)
     try:
-        collaborator, token = actions.add_agent(
+        collaborator, token, _ = actions.add_agent_once(
             saga=saga, name=values["name"], role=values["role"], task=values["task"], runtime=values["runtime"],
             profile=values["profile"], parent=values["parent"] or None, by=request.user,
+            idempotency_key=form_key(request.POST),
         )  # fmt: skip
     except errors.Forbidden as exc:
         raise PermissionDenied(exc.detail) from exc
+    except errors.IdempotencyConflict:
+        return render_saga(request, saga, forms={"agent": {"values": values, "errors": {"form": [FORM_SENT]}}},
+                           status=400)  # fmt: skip
     except errors.NameTaken as exc:
         return render_saga(
             request, saga, forms={"agent": {"values": values, "errors": {"name": [exc.detail]}}}, status=400
@@ -410,11 +416,14 @@ def add_person(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     else:
         assert isinstance(request.user, User)
         try:
-            collaborator = actions.add_human(
-                saga=saga, user=person, role=values["role"], task=values["task"], by=request.user
-            )
+            collaborator, _ = actions.add_human_once(
+                saga=saga, user=person, role=values["role"], task=values["task"], by=request.user,
+                idempotency_key=form_key(request.POST),
+            )  # fmt: skip
         except errors.Forbidden as exc:
             raise PermissionDenied(exc.detail) from exc
+        except errors.IdempotencyConflict:
+            problems = {"form": [FORM_SENT]}
         except errors.NameTaken as exc:
             problems = {"username": [exc.detail]}
         except (errors.InvalidPayload, errors.SagaFinished) as exc:

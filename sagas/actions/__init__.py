@@ -2,7 +2,16 @@
 it in the same transaction, and rings doorbells only after commit. Callers import from here."""
 
 from sagas.actions.artifacts import add_artifact
-from sagas.actions.collaborators import NewAgent, actor_id, add_agent, add_agents, add_human, find_collaborator
+from sagas.actions.collaborators import (
+    NewAgent,
+    actor_id,
+    add_agent,
+    add_agent_once,
+    add_agents,
+    add_human,
+    add_human_once,
+    find_collaborator,
+)
 from sagas.actions.exposure import set_exposed
 from sagas.actions.followups import follow_up_request
 from sagas.actions.human_forms import answer_human_request, ask_human, visible_human_request
@@ -87,9 +96,11 @@ __all__ = [
     "acknowledge_steering",
     "actor_id",
     "add_agent",
+    "add_agent_once",
     "add_agents",
     "add_artifact",
     "add_human",
+    "add_human_once",
     "allow_remote_agent",
     "answer_human_request",
     "ask_agent",

@@ -11,12 +11,13 @@ from django.utils.module_loading import import_string
 from guardian.models import UserObjectPermission
 from guardian.shortcuts import assign_perm
 
-from accounts.actions import create_agent_users, issue_token
+from accounts.actions import create_agent_users, issue_token, rotate_token
 from accounts.models import User
 from config.sql import insert_all, keys_later
 from journal.actions import record
 from sagas import errors
 from sagas.access import ADDRESS_PERM, Member, SagaTree, may_manage, permission_id
+from sagas.actions import payloads
 from sagas.actions.caps import check_delegate_caps
 from sagas.actions.locking import check_open, lock_open_saga, lock_saga, locked_status
 from sagas.actions.payloads import check_goal
@@ -54,6 +55,8 @@ class NewAgent:
     profile: str = ""
     resumable: bool = False
     ring: bool = True
+    idempotency_key: str = ""  # its caller's (payloads.caller_key), with the body it was for
+    body_hash: str = ""
 
 
 @transaction.atomic
@@ -69,13 +72,18 @@ def add_agent(
     parent: str | None = None,
     resumable: bool = False,
     ring: bool = True,
+    idempotency_key: str = "",
+    body_hash: str = "",
 ) -> tuple[Collaborator, str | None]:
     """Add an agent collaborator with its service user, its delegation and its run.
 
     Managers may add agents anywhere; an agent may add only its own delegates. Returns the
     collaborator and, for an external agent, its API token (shown this once). `ring`: see NewAgent.
     """
-    agent = NewAgent(name=name, role=role, task=task, runtime=runtime, profile=profile, resumable=resumable, ring=ring)
+    agent = NewAgent(
+        name=name, role=role, task=task, runtime=runtime, profile=profile, resumable=resumable, ring=ring,
+        idempotency_key=idempotency_key, body_hash=body_hash,
+    )  # fmt: skip
     ((collaborator, token),) = add_agents(saga=saga, agents=[agent], by=by, parent=parent)
     return collaborator, token
 
@@ -119,7 +127,8 @@ def add_agents(
     own_keys = [key for _, key in keys] if keys is not None else [None] * len(agents)
     collaborators = insert_all([
         Collaborator(pk=key, saga=saga, kind=Collaborator.Kind.AGENT, name=agent.name, role=agent.role,
-                     task=agent.task, user=user, runtime=agent.runtime, profile=agent.profile)
+                     task=agent.task, user=user, runtime=agent.runtime, profile=agent.profile,
+                     idempotency_key=agent.idempotency_key, body_hash=agent.body_hash)
         for agent, user, key in zip(agents, users, own_keys, strict=True)
     ], later=keys is not None)  # fmt: skip
     insert_all([
@@ -234,7 +243,9 @@ def resolve_parent(tree: SagaTree[Member], parent: str | None, *, by: User, acti
 
 
 @transaction.atomic
-def add_human(*, saga: Saga, user: User, role: str, task: str, by: User) -> Collaborator:
+def add_human(
+    *, saga: Saga, user: User, role: str, task: str, by: User, idempotency_key: str = "", body_hash: str = ""
+) -> Collaborator:
     saga = lock_open_saga(saga.pk)
     if not may_manage(by, saga):
         raise errors.Forbidden("Only managers of the saga add collaborators.")
@@ -245,8 +256,9 @@ def add_human(*, saga: Saga, user: User, role: str, task: str, by: User) -> Coll
     if Collaborator.objects.filter(saga=saga, user=user).exists():
         raise errors.NameTaken(f"human:{user.username} is already in this saga.")
     collaborator = Collaborator.objects.create(
-        saga=saga, kind=Collaborator.Kind.HUMAN, name=user.username, role=role, task=task, user=user
-    )
+        saga=saga, kind=Collaborator.Kind.HUMAN, name=user.username, role=role, task=task, user=user,
+        idempotency_key=idempotency_key, body_hash=body_hash,
+    )  # fmt: skip
     assign_perm("sagas.view_saga", user, saga)
     record(
         saga_id=saga.pk,
@@ -255,6 +267,56 @@ def add_human(*, saga: Saga, user: User, role: str, task: str, by: User) -> Coll
         data={"id": collaborator.handle, "kind": "human", "role": role, "task": task},
     )
     return collaborator
+
+
+@transaction.atomic
+def add_agent_once(
+    *, saga: Saga, by: User, idempotency_key: str = "", **agent: Any
+) -> tuple[Collaborator, str | None, bool]:
+    """add_agent() (`agent`: its fields) once per Idempotency-Key of its caller; without one, every
+    call adds. A retry with the same key and body returns the first agent and False, an external
+    one with a new token: the first answer's, lost to whoever retries, is revoked (a finished saga
+    issues none: `saga_finished`). With another body, `idempotency_conflict`."""
+    if not idempotency_key:
+        return *add_agent(saga=saga, by=by, **agent), True
+    key, digest, first = first_added(saga, by, idempotency_key, kind=Collaborator.Kind.AGENT, **agent)
+    if first is None:
+        return *add_agent(saga=saga, by=by, idempotency_key=key, body_hash=digest, **agent), True
+    if first.runtime != Collaborator.Runtime.EXTERNAL:
+        return first, None, False
+    lock_open_saga(saga.pk)
+    token = rotate_token(user=first.user)
+    record(saga_id=saga.pk, type="collaborator.token_rotated", actor=actor_id(saga, by),
+           data={"id": first.handle, "replayed": True})  # fmt: skip
+    return first, token, False
+
+
+@transaction.atomic
+def add_human_once(
+    *, saga: Saga, user: User, role: str, task: str, by: User, idempotency_key: str = ""
+) -> tuple[Collaborator, bool]:
+    """add_human() once per Idempotency-Key of its caller, as add_agent_once() adds an agent."""
+    if not idempotency_key:
+        return add_human(saga=saga, user=user, role=role, task=task, by=by), True
+    key, digest, first = first_added(
+        saga, by, idempotency_key, kind=Collaborator.Kind.HUMAN, username=user.username, role=role, task=task
+    )
+    if first is not None:
+        return first, False
+    return add_human(saga=saga, user=user, role=role, task=task, by=by, idempotency_key=key, body_hash=digest), True
+
+
+def first_added(saga: Saga, by: User, idempotency_key: str, **body: Any) -> tuple[str, str, Collaborator | None]:
+    """Under the saga's lock, so that two retries at once add one: the caller's key as stored, the
+    body's hash, and the collaborator they first added, if any (`idempotency_conflict` when that
+    was for another body)."""
+    lock_saga(saga.pk)
+    key, digest = payloads.caller_key(by.pk, idempotency_key), payloads.body_hash(**body)
+    first = payloads.first_for_key(
+        Collaborator.objects.filter(saga=saga, idempotency_key=key).select_related("user", "run"), digest,
+        conflict="This Idempotency-Key was already used for a different collaborator.",
+    )  # fmt: skip
+    return key, digest, first
 
 
 def find_collaborator(saga: Saga, handle: str) -> Collaborator | None:

@@ -23,6 +23,14 @@ def body_hash(**body: Any) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def caller_key(by_id: Any, idempotency_key: str) -> str:
+    """An Idempotency-Key as its caller's own (two callers' keys never meet), of a length a column
+    holds whatever the key's; "" without one."""
+    if not idempotency_key:
+        return ""
+    return hashlib.sha256(f"{by_id}:{idempotency_key}".encode()).hexdigest()
+
+
 def first_for_key(rows: "QuerySet[M]", digest: str, *, conflict: str) -> M | None:
     """The row an Idempotency-Key was first used for (`rows`: the caller's rows with that key), if
     any; `idempotency_conflict` (with `conflict`) when it was for another body (its `body_hash`)."""

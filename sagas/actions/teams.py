@@ -3,7 +3,6 @@ with the team: it idles between tasks instead of finishing, wakes on steering, a
 shutdown (terminal, never woken again). Only the lead or a manager of the saga broadcasts to the
 team or shuts a teammate down."""
 
-import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,7 +18,7 @@ from sagas import errors
 from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id, add_agent, find_collaborator
 from sagas.actions.locking import lock_open_saga, lock_saga
-from sagas.actions.payloads import body_hash, check_payload, first_for_key
+from sagas.actions.payloads import body_hash, caller_key, check_payload, first_for_key
 from sagas.actions.runs import end_run
 from sagas.actions.steering import check_backlog, push_steering
 from sagas.models import AgentRequest, Broadcast, Collaborator, Run, Saga, SteeringItem, Team
@@ -117,14 +116,6 @@ def configure_team(*, lead: Collaborator, by: User, **budgets: float | None) -> 
     return team
 
 
-def spawn_key(by: User, idempotency_key: str) -> str:
-    """A spawn's Idempotency-Key as its caller's own (the lead's and a manager's never meet), of a
-    length the column holds whatever the key's; "" without one."""
-    if not idempotency_key:
-        return ""
-    return hashlib.sha256(f"{by.pk}:{idempotency_key}".encode()).hexdigest()
-
-
 @transaction.atomic
 def spawn_teammate(
     *, lead: Collaborator, name: str, role: str, prompt: str, profile: str, by: User, idempotency_key: str = ""
@@ -139,7 +130,7 @@ def spawn_teammate(
         raise errors.NotTeamLead(f"Only {lead.handle} or a manager of the saga spawns its teammates.")
     if Run.objects.filter(collaborator=lead, team__isnull=False).exists():  # its team's caps would not hold
         raise errors.NotTeamLead(f"{lead.handle} is a teammate: a team has one lead, and teammates lead none.")
-    key = spawn_key(by, idempotency_key)
+    key = caller_key(by.pk, idempotency_key)  # the lead's and a manager's never meet
     team = Team.objects.filter(lead=lead).select_related("lead", "saga").first()
     if team is not None and key:
         first = Run.objects.filter(team=team, spawn_key=key).select_related("collaborator").first()

@@ -171,20 +171,32 @@ class CollaboratorAddApi(ApiView):
             serializers={"agent": s.AgentAddInput, "human": s.HumanAddInput},
             resource_type_field_name="kind",
         ),
-        responses={201: s.CollaboratorAddedOutput, **problems(400, 401, 403, 404, 409, 429)},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={
+            201: s.CollaboratorAddedOutput,
+            200: OpenApiResponse(
+                s.CollaboratorAddedOutput,
+                description="A replay of an Idempotency-Key: the first one's collaborator (an external agent with a "
+                "new token; the first answer's is revoked).",
+            ),
+            **problems(400, 401, 403, 404, 409, 429),
+        },
     )
     def post(self, request: Request, saga_id: UUID) -> Response:
         """Add an agent (managers anywhere; an agent only its own delegates) or a person (managers).
 
-        An external agent's token is in this response and nowhere else, ever.
+        An external agent's token is in this response and nowhere else, ever: a retry with the same
+        Idempotency-Key gets a new one, and the first no longer works.
         """
         saga = visible_saga(principal(request), saga_id)
         kind = request.data.get("kind") if isinstance(request.data, dict) else None
+        key = idempotency_key(request.headers)
         if kind == Collaborator.Kind.AGENT:
             agent = valid(s.AgentAddInput, request.data)
-            collaborator, token = actions.add_agent(
+            collaborator, token, created = actions.add_agent_once(
                 saga=saga, name=agent["name"], role=agent["role"], task=agent["task"], runtime=agent["runtime"],
                 profile=agent["profile"], parent=agent["parent"], resumable=agent["resumable"], by=principal(request),
+                idempotency_key=key,
             )  # fmt: skip
             card = collaborator_card(collaborator) | ({"token": token} if token else {})
         elif kind == Collaborator.Kind.HUMAN:
@@ -194,13 +206,14 @@ class CollaboratorAddApi(ApiView):
             person = User.objects.filter(username=human["username"], kind=User.Kind.HUMAN, is_active=True).first()
             if person is None:
                 raise errors.NotFound("No such person.", errors={"username": ["No such person."]})
-            collaborator = actions.add_human(
-                saga=saga, user=person, role=human["role"], task=human["task"], by=principal(request)
-            )
+            collaborator, created = actions.add_human_once(
+                saga=saga, user=person, role=human["role"], task=human["task"], by=principal(request),
+                idempotency_key=key,
+            )  # fmt: skip
             card = collaborator_card(collaborator)
         else:
             raise exceptions.ValidationError({"kind": ["agent or human."]})
-        response = Response(s.CollaboratorAddedOutput(card).data, status=201)
+        response = created_or_replayed(s.CollaboratorAddedOutput(card).data, created)
         if "token" in card:
             add_never_cache_headers(response)  # the token must stay out of every cache (no-store)
         return response

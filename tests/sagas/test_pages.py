@@ -415,6 +415,31 @@ def test_the_steer_form_sent_twice_queues_one_message(cast: Cast, alice: User) -
     assert SteeringItem.objects.filter(recipient=cast.coder, kind=SteeringItem.Kind.MESSAGE).count() == 1
 
 
+def test_the_add_forms_sent_twice_add_one_collaborator(cast: Cast, alice: User, mallory: User) -> None:
+    """A double click on the agent form adds one agent; for an external one the answer the browser
+    shows has a working token (the first answer's is revoked). The person form likewise."""
+    client, base = client_for(alice), page_url(cast.saga)
+    page = client.get(base).content.decode()
+    keys = {
+        form: re.search(rf'id="{form}".*?name="idempotency_key" value="([0-9a-f]{{32}})"', page, re.S)
+        for form in ("add-agent-form", "add-person-form")
+    }
+    agent_key, person_key = (match[1] for match in keys.values() if match is not None)
+    sent = {"name": "scout", "role": "Scout", "runtime": "external", "idempotency_key": agent_key}
+    answers = [client.post(reverse("sagas:add-agent", args=[cast.saga.pk]), sent) for _ in range(2)]
+    tokens = [re.search(r"<code>(agt_[\w-]+)</code>", a.content.decode()) for a in answers]
+    assert [a.status_code for a in answers] == [201, 201] and all(tokens)
+    assert Collaborator.objects.filter(saga=cast.saga, name="scout").count() == 1
+    api = f"/api/v1/sagas/{cast.saga.pk}/"
+    assert [Client().get(api, HTTP_AUTHORIZATION=f"Bearer {t[1]}").status_code for t in tokens if t] == [401, 200]
+    other = client.post(reverse("sagas:add-agent", args=[cast.saga.pk]), {**sent, "role": "Spy"})
+    assert other.status_code == 400 and FORM_SENT in other.content.decode()
+
+    person = {"username": "mallory", "role": "Reviewer", "idempotency_key": person_key}
+    added = [client.post(reverse("sagas:add-person", args=[cast.saga.pk]), person).status_code for _ in range(2)]
+    assert added == [302, 302] and Collaborator.objects.filter(saga=cast.saga, user=mallory).count() == 1
+
+
 def test_adding_collaborators_needs_the_manage_permission(cast: Cast, alice: User, bob: User, mallory: User) -> None:
     add_agent = reverse("sagas:add-agent", args=[cast.saga.pk])
     add_person = reverse("sagas:add-person", args=[cast.saga.pk])
