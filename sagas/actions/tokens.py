@@ -8,7 +8,7 @@ from journal.actions import record
 from sagas import errors
 from sagas.access import may_manage
 from sagas.actions.collaborators import actor_id, find_collaborator
-from sagas.actions.locking import lock_open_saga, lock_saga
+from sagas.actions.locking import check_open, lock_saga, locked_status
 from sagas.models import Collaborator, Saga
 
 
@@ -26,9 +26,10 @@ def token_holder(saga: Saga, handle: str, by: User) -> Collaborator:
 def rotate_agent_token(*, saga: Saga, handle: str, by: User) -> tuple[Collaborator, str]:
     """Revoke the agent's tokens and issue a new one (returned, shown once; journaled without it).
     An internal agent has none to rotate: Agora runs its turns, and no one else acts as it. A
-    finished saga issues none (`saga_finished`); revoking stays open to it."""
-    saga = lock_open_saga(saga.pk)
+    finished saga issues none (`saga_finished`, to whoever may rotate); revoking stays open to it."""
+    saga = lock_saga(saga.pk)
     agent = token_holder(saga, handle, by)
+    check_open(locked_status(saga))
     if agent.runtime == Collaborator.Runtime.INTERNAL:  # a token would let its holder act as the agent
         raise errors.InvalidState(f"{agent.handle} runs inside Agora: it has no API token.")
     key = rotate_token(user=agent.user)

@@ -48,7 +48,7 @@ def test_the_api_exposes_for_managers_only(team: Team, alice: User, bob: User) -
     assert team[lead].exposed is True
 
 
-def test_a_finished_saga_exposes_no_agent_but_still_withdraws(team: Team, alice: User) -> None:
+def test_a_finished_saga_exposes_no_agent_but_still_withdraws(team: Team, alice: User, bob: User) -> None:
     """An agent card is a door for new work: a finished saga opens none, as it refuses every write
     that starts work; closing one stays possible."""
     lead, scout = team.names[0], "scout"
@@ -58,6 +58,7 @@ def test_a_finished_saga_exposes_no_agent_but_still_withdraws(team: Team, alice:
 
     path = f"/api/v1/sagas/{team.saga.pk}/collaborators/agent:{scout}/exposure/"
     problem(client_for(alice).post(path, {"exposed": True}, format="json"), 409, "saga_finished")
+    problem(client_for(bob).post(path, {"exposed": True}, format="json"), 403, "forbidden")  # who first, then when
     page = Client()
     page.force_login(alice)
     url = f"/sagas/{team.saga.pk}/exposure/"

@@ -81,7 +81,7 @@ def test_an_internal_agent_has_no_token_to_rotate(team: Team, alice: User) -> No
     assert not JournalEvent.objects.filter(saga=team.saga, type="collaborator.token_rotated").exists()
 
 
-def test_a_finished_saga_issues_no_new_token_but_still_revokes(team: Team, alice: User) -> None:
+def test_a_finished_saga_issues_no_new_token_but_still_revokes(team: Team, alice: User, bob: User) -> None:
     """A token is work started: a finished saga refuses to issue one, as it refuses every write
     that starts work; taking a token away stays possible."""
     old = issue_token(user=team.user("scout"))
@@ -90,6 +90,7 @@ def test_a_finished_saga_issues_no_new_token_but_still_revokes(team: Team, alice
 
     problem(client_for(alice).post(token_path(team, "scout")), 409, "saga_finished")
     problem(bearer(old).post(token_path(team, "scout")), 409, "saga_finished")  # the agent itself
+    problem(client_for(bob).post(token_path(team, "scout")), 403, "forbidden")  # who first, then when
     page = Client()
     page.force_login(alice)
     url = f"/sagas/{team.saga.pk}/agent-token/"
