@@ -6,6 +6,7 @@ like one that does not (404 `not_found`)."""
 from typing import Any
 from uuid import UUID
 
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, serializers
 from rest_framework.request import Request
@@ -125,7 +126,8 @@ class PromptCreateApi(APIView):
         )  # fmt: skip
         # A replay gets the first answer, as a replayed request does; the prompt's own page has its status now.
         body = {"prompt_id": prompt.pk, "status": Prompt.Status.RUNNING, "lead": f"agent:{prompt.lead_name}"}
-        headers = {} if created else {"Idempotent-Replayed": "true"}
+        headers = {"Location": reverse("api-prompt", args=[prompt.pk])}  # where to follow it
+        headers |= {} if created else {"Idempotent-Replayed": "true"}
         return Response(PromptCreatedOutput(body).data, status=202, headers=headers)
 
 

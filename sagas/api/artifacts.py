@@ -4,6 +4,7 @@ the saga; 404 `not_found` for anyone else, as for a saga that does not exist."""
 from typing import Any
 from uuid import UUID
 
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -75,7 +76,8 @@ class ArtifactAddApi(ApiView):
         artifact = actions.add_artifact(
             saga=saga, name=name, content=content, content_type=content_type, by=principal(request)
         )
-        return Response(ArtifactOutput(artifact).data, status=201)
+        location = reverse("api-artifact", args=[artifact.saga_id, artifact.name])
+        return Response(ArtifactOutput(artifact).data, status=201, headers={"Location": location})
 
 
 class ArtifactCollectionApi(ArtifactListApi, ArtifactAddApi):

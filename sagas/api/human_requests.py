@@ -2,6 +2,7 @@
 
 from uuid import UUID
 
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions
@@ -51,7 +52,10 @@ class HumanRequestCreateApi(ApiView):
             asker=asker, title=form["title"], fields=form["fields"], to=form["to"],
             idempotency_key=idempotency_key(request.headers),
         )  # fmt: skip
-        return created_or_replayed(s.HumanRequestCreatedOutput(human_request).data, created)
+        return created_or_replayed(
+            s.HumanRequestCreatedOutput(human_request).data, created,
+            location=reverse("api-human-request", args=[human_request.pk]),
+        )  # fmt: skip
 
 
 class HumanRequestListApi(ApiView):

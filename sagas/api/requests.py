@@ -8,6 +8,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db.models import QuerySet
+from django.urls import reverse
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework.request import Request
@@ -99,7 +100,9 @@ class AgentRequestCreateApi(ApiView):
                 sender=sender, to=ask["to"], type=ask["type"], payload=ask["payload"], mode=ask["mode"],
                 timeout_s=ask["timeout_s"], idempotency_key=key,
             )  # fmt: skip
-        headers = {} if created else {"Idempotent-Replayed": "true"}
+        # Where to follow it, as every 202 says; a replay says it is one.
+        headers = {"Location": reverse("api-request", args=[ask_request.pk])}
+        headers |= {} if created else {"Idempotent-Replayed": "true"}
         if ask_request.mode == AgentRequest.Mode.ASYNC:
             pending = s.AskPendingOutput({"request_id": ask_request.pk, "status": "pending"}).data
             return Response(pending, status=202, headers=headers)

@@ -14,6 +14,7 @@ shares; requests between agents and the steering feed are in `requests`, forms f
 from typing import Any
 from uuid import UUID
 
+from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import exceptions, serializers
@@ -61,12 +62,14 @@ def visible_saga(user: Any, saga_id: UUID) -> Saga:
     return saga
 
 
-def created_or_replayed(data: Any, created: bool) -> Response:
+def created_or_replayed(data: Any, created: bool, *, location: str = "") -> Response:
     """A create's answer: 201, or for a replay of its Idempotency-Key the first one's body with 200
-    and `Idempotent-Replayed: true`."""
+    and `Idempotent-Replayed: true`; both with the created resource's address (`location`), if it
+    has one of its own."""
+    headers = {"Location": location} if location else {}
     if created:
-        return Response(data, status=201)
-    return Response(data, headers={"Idempotent-Replayed": "true"})
+        return Response(data, status=201, headers=headers)
+    return Response(data, headers={**headers, "Idempotent-Replayed": "true"})
 
 
 def cursor_param(request: Request) -> int:
@@ -114,7 +117,7 @@ class SagaCreateApi(ApiView):
             title=data["title"], goal=data["goal"], policy=data["policy"], owner=principal(request),
             idempotency_key=idempotency_key(request.headers),
         )  # fmt: skip
-        return created_or_replayed(s.SagaOutput(saga).data, created)
+        return created_or_replayed(s.SagaOutput(saga).data, created, location=reverse("api-saga", args=[saga.pk]))
 
 
 class SagaCollectionApi(SagaListApi, SagaCreateApi):

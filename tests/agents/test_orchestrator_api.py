@@ -47,6 +47,9 @@ def test_bad_input_is_refused_and_retries_are_idempotent(
     again = client.post(url, {"prompt": "Do it"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
     assert first.status_code == again.status_code == 202 and first.json() == again.json()
     assert ("Idempotent-Replayed" not in first.headers, again.headers["Idempotent-Replayed"]) == (True, "true")
+    followed = f"/api/v1/prompts/{first.json()['prompt_id']}/"
+    assert first.headers["Location"] == again.headers["Location"] == followed
+    assert client.get(followed).json()["status"] == "running"
     document = client.get("/api/v1/schema/?format=json").json()
     schema = document["components"]["schemas"]["PromptCreateInput"]
     assert "minLength" not in schema["properties"]["brain"]  # its default, "", is valid

@@ -29,6 +29,8 @@ def test_a_form_is_answered_once_and_the_answer_reaches_the_agent(
     )
     assert asked.status_code == 201
     hid = asked.data["human_request_id"]
+    assert asked.headers["Location"] == f"/api/v1/human-requests/{hid}/"
+    assert coder.get(asked.headers["Location"]).data["status"] == "pending"
     assert asked.data == {"human_request_id": hid, "status": "pending"}
     replayed = coder.post(
         f"/api/v1/sagas/{team.saga.pk}/human-requests/",

@@ -124,6 +124,8 @@ def test_an_idempotency_key_replays_the_first_request_and_refuses_another_body(t
     assert (first.status_code, again.status_code) == (202, 202)
     assert first.data == again.data
     assert again["Idempotent-Replayed"] == "true"
+    assert first["Location"] == again["Location"] == f"/api/v1/requests/{first.data['request_id']}/"
+    assert tester.get(first["Location"]).data["status"] == "pending"
     problem(
         ask(tester, team, {**body, "payload": {"n": 2}}, **{"Idempotency-Key": "call-1"}), 409, "idempotency_conflict"
     )

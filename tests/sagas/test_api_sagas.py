@@ -142,6 +142,7 @@ def test_a_retried_create_with_its_idempotency_key_returns_the_first_saga(alice:
     again = client_for(alice).post("/api/v1/sagas/", body, format="json", HTTP_IDEMPOTENCY_KEY="k1")
     assert (first.status_code, again.status_code, again.data) == (201, 200, first.data)
     assert ("Idempotent-Replayed" not in first.headers, again.headers["Idempotent-Replayed"]) == (True, "true")
+    assert first.headers["Location"] == again.headers["Location"] == f"/api/v1/sagas/{first.data['id']}/"
     other = client_for(alice).post("/api/v1/sagas/", {"title": "Else"}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
     problem(other, 409, "idempotency_conflict")
     theirs = client_for(bob).post("/api/v1/sagas/", body, format="json", HTTP_IDEMPOTENCY_KEY="k1")

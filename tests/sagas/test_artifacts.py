@@ -35,6 +35,7 @@ def test_a_text_artifact_through_json_is_listed_and_downloaded_by_collaborators(
     added = client_for(alice).post(url(team), {"name": "spec.md", "text": "# Spec\nv2 only."}, format="json")
 
     assert added.status_code == 201, added.content
+    assert added.headers["Location"] == url(team, "spec.md")  # where it downloads
     assert added.data | {"created_at": None} == {
         "name": "spec.md", "content_type": "text/plain", "size": 15, "added_by": "human:alice", "created_at": None,
         "sha256": hashlib.sha256(b"# Spec\nv2 only.").hexdigest(),
