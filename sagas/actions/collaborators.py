@@ -276,7 +276,8 @@ def add_agent_once(
     """add_agent() (`agent`: its fields) once per Idempotency-Key of its caller; without one, every
     call adds. A retry with the same key and body returns the first agent and False, an external
     one with a new token: the first answer's, lost to whoever retries, is revoked (a finished saga
-    issues none: `saga_finished`). With another body, `idempotency_conflict`."""
+    issues none: `saga_finished`; a caller no longer allowed to add it gets none: `forbidden`).
+    With another body, `idempotency_conflict`."""
     if not idempotency_key:
         return *add_agent(saga=saga, by=by, **agent), True
     key, digest, first = first_added(saga, by, idempotency_key, kind=Collaborator.Kind.AGENT, **agent)
@@ -284,7 +285,10 @@ def add_agent_once(
         return *add_agent(saga=saga, by=by, idempotency_key=key, body_hash=digest, **agent), True
     if first.runtime != Collaborator.Runtime.EXTERNAL:
         return first, None, False
-    lock_open_saga(saga.pk)
+    saga = lock_open_saga(saga.pk)
+    # A new token is control of the agent: only for a caller who may still add it.
+    if not may_manage(by, saga) and not Delegation.objects.filter(delegate=first, delegator__user=by).exists():
+        raise errors.Forbidden("Only managers of the saga, or the agent that delegated to it, may add it again.")
     token = rotate_token(user=first.user)
     record(saga_id=saga.pk, type="collaborator.token_rotated", actor=actor_id(saga, by),
            data={"id": first.handle, "replayed": True})  # fmt: skip

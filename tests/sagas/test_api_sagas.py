@@ -9,6 +9,7 @@ import pytest
 from django.conf import LazySettings
 from django.core.cache import cache
 from django.core.management import call_command
+from guardian.shortcuts import assign_perm, remove_perm
 from rest_framework.response import Response
 from rest_framework.test import APIClient
 
@@ -301,6 +302,19 @@ def test_a_replayed_external_add_on_a_finished_saga_issues_no_token(team: Team, 
     assert token_client(f"Bearer {first.data['token']}").get(f"{base}/").status_code == 200  # still its token
     replayed = owner.post(f"{base}/collaborators/", inside, format="json", HTTP_IDEMPOTENCY_KEY="i")
     assert (replayed.status_code, replayed.data) == (200, added.data | {"status": "cancelled"})  # as it is now
+
+
+def test_a_replayed_external_add_needs_the_right_to_add_it_still(team: Team, bob: User) -> None:
+    """A replay's new token is control of the agent: a manager who is one no longer gets none."""
+    base, path = f"/api/v1/sagas/{team.saga.pk}", f"/api/v1/sagas/{team.saga.pk}/collaborators/"
+    assign_perm("sagas.manage_saga", bob, team.saga)
+    ext = {"kind": "agent", "name": "ext", "runtime": "external"}
+    first = client_for(bob).post(path, ext, format="json", HTTP_IDEMPOTENCY_KEY="b")
+    assert first.status_code == 201
+    remove_perm("sagas.manage_saga", bob, team.saga)
+    problem(client_for(bob).post(path, ext, format="json", HTTP_IDEMPOTENCY_KEY="b"), 403, "forbidden")
+    assert token_client(f"Bearer {first.data['token']}").get(f"{base}/").status_code == 200
+    assert not JournalEvent.objects.filter(saga=team.saga, type="collaborator.token_rotated").exists()
 
 
 @pytest.mark.django_db(transaction=True)
