@@ -28,7 +28,9 @@ the tasks run (Celery hand-offs), messages sent, statements and transactions, an
 the difference between the largest N and N = 1, divided by N - 1.
 
 Last, the targets against this run's medians: the speedup at every N, and the ≤ 5 ms per worker
-read both ways, as a worker's own time and as the support step's own time over N.
+read both ways, as a worker's own time and as the support step's own time over N; and how much of
+the support step at N = 1 is two kernel delegations with their claims (the worker's, measured from
+`plan.created` to its `worker_start`, and the primary's, the same work) and the worker's own time.
 
 `--against REV` runs the same rounds on a checkout of REV (a temporary git worktree) and on this
 tree, interleaved (REV, this tree, REV, …), so that both see the same load; the orchestrations are
@@ -333,6 +335,7 @@ class Results:
         }  # fmt: skip
         self.support_per_worker: dict[int, list[float]] = {}  # by N
         self.worker_by_n: dict[int, list[float]] = {}  # per worker, by N
+        self.dispatch_by_n: dict[int, list[float]] = {}  # the delegation of the workers with a first claim, by N
         self.counts: dict[int, list[dict[str, Any]]] = {}
 
     def add(self, n: int, concurrency: int, t: dict[str, Any], counts: dict[str, Any]) -> None:
@@ -347,6 +350,7 @@ class Results:
             self.overheads["worker_before"] += t["worker_before"]
             self.overheads["worker_after"] += t["worker_after"]
             self.worker_by_n.setdefault(n, []).extend(t["per_worker"])
+            self.dispatch_by_n.setdefault(n, []).append(t["dispatch"])
             self.support_per_worker.setdefault(n, []).append(t["support_overhead"] / n)
 
     def report(self, sizes: list[int]) -> None:
@@ -388,6 +392,13 @@ class Results:
         print(f"targets, at N = {' / '.join(map(str, sizes))}:")
         for label, met in checks:
             print(f"  {'met    ' if met else 'NOT met'}  {label}")
+        if 1 in sizes:
+            # At N = 1 the support step is mostly two kernel delegations with their claims (the worker's,
+            # which `dispatch` measures, and the primary's, the same work) and the worker's own time.
+            parts = 2 * med(self.dispatch_by_n[1]) + med(self.worker_by_n[1])
+            step = med(self.support_per_worker[1])
+            print(f"  at N = 1, two delegations with their claims and a worker's own time: {parts:.1f} of the "
+                  f"support step's {step:.1f} ms")  # fmt: skip
 
 
 def count_order(key: str) -> tuple[int, str]:
