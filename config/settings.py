@@ -397,6 +397,9 @@ AGORA_MAX_BODY_BYTES = env_number(
     2 * max(AGORA_MAX_ARTIFACT_BYTES + AGORA_UPLOAD_FRAMING_BYTES, DATA_UPLOAD_MAX_MEMORY_SIZE),
     whole=True,
 )
+# After that 413, how long the rest of the body is still read and dropped, at most (a client that
+# sends its whole body before it reads the answer then reads the 413 instead of a reset).
+AGORA_BODY_LINGER_S = env_number("AGORA_BODY_LINGER_S", 5)
 # Teams: the budgets a new team starts with, and who counts its tokens (the runtime keeps them).
 AGORA_TEAM_MAX_TEAMMATES = env_number("AGORA_TEAM_MAX_TEAMMATES", 8, whole=True)
 AGORA_TEAM_MAX_TOKENS = env_number("AGORA_TEAM_MAX_TOKENS", 2000000, whole=True)

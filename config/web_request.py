@@ -10,7 +10,10 @@ request with its module's `WebRequest`, which config/web.py replaces with this o
   it is whole, and Django copies it again before the app refuses it: anyone could make the server
   write gigabytes to disk, twice. A body declared over AGORA_MAX_BODY_BYTES, or a chunked one once
   it passes it, is answered 413 `payload_too_large` at once (problem+json where machines call, text
-  elsewhere, as config/middleware.py refuses), the rest is not read and the connection is closed."""
+  elsewhere, as config/middleware.py refuses). Then the answer's end is sent (the server's half of
+  the connection closes) and whatever else comes is read and dropped, unparsed, until the client
+  closes its half or AGORA_BODY_LINGER_S pass: most clients send the whole body before they read the answer,
+  and a connection closed with their body unread is reset under them, the 413 lost with it."""
 
 import logging
 from typing import Any
@@ -60,4 +63,16 @@ class WebRequest(http_protocol.WebRequest):
         head = {b"Content-Type": [kind.encode()], b"Content-Length": [b"%d" % len(body)], b"Connection": [b"close"]}
         self.channel.writeHeaders(b"HTTP/1.1", b"413", b"Payload Too Large", Headers(head))
         self.channel.write(body)
-        self.channel.loseConnection()  # once the answer is out; nothing more is read
+        self.linger()
+
+    def linger(self) -> None:
+        """Close the server's half of the connection once the answer is out, read what the client
+        still sends without parsing it, and close the rest when the client does or after
+        AGORA_BODY_LINGER_S."""
+        channel, transport = self.channel, self.channel.transport
+        if not hasattr(transport, "loseWriteConnection"):  # a transport that cannot half-close
+            channel.loseConnection()
+            return
+        channel.dataReceived = lambda data: None  # as Twisted's upgrade to WebSockets swaps it
+        transport.loseWriteConnection()
+        channel.callLater(settings.AGORA_BODY_LINGER_S, transport.loseConnection)

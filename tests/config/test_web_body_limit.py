@@ -5,7 +5,9 @@ then Django copy them again, before the app refused them."""
 
 import json
 import socket
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -105,3 +107,35 @@ def test_the_gateways_are_answered_as_the_api_is(web_server: WebServer) -> None:
         assert (status, headers["content-type"], json.loads(body)["code"]) == (
             413, "application/problem+json", "payload_too_large"
         )  # fmt: skip
+
+
+def test_a_client_that_sends_its_whole_body_first_still_reads_the_413(web_server: WebServer) -> None:
+    """Most HTTP clients send the whole body before they read the answer: the server reads the rest
+    and drops it (a lingering close), so that the client's sending ends and the 413 is there to
+    read, where closing at once with the body unread resets the connection under it."""
+    over = settings.AGORA_MAX_BODY_BYTES + 4 * 1024**2
+    for path in ("/api/v1/sagas/", f"/sagas/{uuid.uuid4()}/artifacts/"):
+        request = post(path, "Content-Type: application/octet-stream", f"Content-Length: {over}")
+        status, headers, _ = exchange(web_server, request + b"x" * over)
+        assert (status, headers["connection"]) == (413, "close"), path
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_body_is_read_and_dropped_for_a_bounded_time_only(redis_url: str, artifacts: Path) -> None:
+    """A client that goes on sending after the 413 is read from for AGORA_BODY_LINGER_S at most,
+    then cut off: nobody holds a connection open by never ending a refused body."""
+    server = WebServer(redis_url, artifacts, env={"AGORA_BODY_LINGER_S": "0.5"})
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(post("/api/v1/sagas/", "Content-Type: application/octet-stream", f"Content-Length: {TEN_GB}"))
+            answer = b""
+            while chunk := sock.recv(65536):  # the answer, then the end of the server's half
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 413 ")
+            sent, deadline = 0, time.monotonic() + 30
+            with pytest.raises(OSError):  # reset, or a broken pipe, once the server stops reading
+                while time.monotonic() < deadline:
+                    sent += sock.send(b"x" * 65536)
+            assert sent > 0  # it was read from for a while first
+    finally:
+        server.stop()
