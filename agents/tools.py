@@ -100,10 +100,6 @@ def ask_human(call: Call, title: str, fields: list[Any], to: str | None = None) 
 
 
 def delegate(call: Call, name: str, role: str, task: str, profile: str | None = None) -> Outcome:
-    if call.run.team_id is not None:  # a delegate's tokens would not count against the team's budget
-        raise errors.NotTeamLead(
-            f"{call.collaborator.handle} is a teammate: teammates lead none, delegates included. Ask the team's lead."
-        )
     child, _ = actions.add_agent(
         saga=call.collaborator.saga, name=name, role=role, task=task, runtime=Collaborator.Runtime.INTERNAL,
         profile=profile or call.collaborator.profile, parent=call.collaborator.handle, by=call.collaborator.user,

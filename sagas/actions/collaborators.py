@@ -111,6 +111,10 @@ def add_agents(
     delegator = resolve_parent(tree, parent, by=by, acting=acting)
     if delegator.run_status in Run.FINISHED:  # as for its asks: a resumable one reports `working` first
         raise errors.InvalidState(f"{delegator.handle} has ended ({delegator.run_status}): it delegates no more.")
+    if delegator.team_id is not None:  # its delegates would work outside its team's budget of tokens
+        raise errors.NotTeamLead(
+            f"{delegator.handle} is a teammate: teammates lead none, delegates included. Ask the team's lead."
+        )
     names = [agent.name for agent in agents]
     taken = {c.name for c in tree.members.values() if c.is_agent}
     if taken & set(names) or len(set(names)) < len(names):

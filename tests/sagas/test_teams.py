@@ -319,9 +319,10 @@ def test_a_teammate_leads_no_team_of_its_own(team: Team, alice: User) -> None:
     assert not TeamRow.objects.filter(lead=ann).exists()
 
 
-def test_a_teammate_delegates_no_agent(team: Team) -> None:
+def test_a_teammate_delegates_no_agent(team: Team, alice: User) -> None:
     """A teammate's delegate would work outside its team's budget of tokens: its `delegate` tool is
-    refused, as spawning is; its lead delegates as before."""
+    refused, as spawning is, and the kernel adds no agent under it for anyone; its lead delegates
+    as before."""
     ann = spawn(team, "ann")
     sub = json.dumps({"name": "sub", "role": "Sub", "task": "t", "profile": profile_named("mate")})
 
@@ -329,6 +330,11 @@ def test_a_teammate_delegates_no_agent(team: Team) -> None:
                       "delegate", sub, ["delegate"]).result or {}  # fmt: skip
 
     assert refused["error"]["code"] == "not_team_lead" and "teammates lead none" in refused["error"]["message"]
+    assert not Collaborator.objects.filter(saga=team.saga, name="sub").exists()
+    # Nor does a manager add one under it, or the teammate itself over the API: the kernel refuses.
+    under = {"kind": "agent", "name": "sub", "runtime": "external", "parent": "agent:ann"}
+    path = f"/api/v1/sagas/{team.saga.pk}/collaborators/"
+    problem(client_for(alice).post(path, under, format="json"), 403, "not_team_lead")
     assert not Collaborator.objects.filter(saga=team.saga, name="sub").exists()
     lead = Call(run=team.run("lead"), collaborator=team["lead"], turn=1, call_id="c2")
     assert (execute(lead, "delegate", sub, ["delegate"]).result or {}).get("id") == "agent:sub"
