@@ -114,19 +114,19 @@ def read_refusal(exc: Exception) -> tuple[int, str, str, str]:
 
 def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     """Django's handler400, for a refusal raised before any view (a middleware read the body or the
-    query string): for READ_REFUSALS, a problem where machines call and a page that says why for
+    query string): for READ_REFUSALS, a problem for API clients and a page that says why for
     browsers; any other refusal (a Host not allowed) Django's own answer, which says nothing."""
     if not isinstance(exception, READ_REFUSALS):
         return defaults.bad_request(request, exception)
     status, code, title, detail = read_refusal(exception)
-    if request.path_info.startswith(MACHINE_PATHS):
+    if request.path_info.startswith(API_PREFIX):
         return problem_response(status, code, title, detail)
     return render(request, "400.html", {"title": title, "detail": detail}, status=status)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    """Django's handler500: a problem where machines call, the plain page for browsers; no details."""
-    if request.path_info.startswith(MACHINE_PATHS):
+    """Django's handler500: a problem for API clients, the plain page for browsers; no details."""
+    if request.path_info.startswith(API_PREFIX):
         return problem_response(
             500, "server_error", "Server error", "Something went wrong on our side; it has been logged."
         )
