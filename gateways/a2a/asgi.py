@@ -186,6 +186,17 @@ async def fallback(request: Request) -> Response:
     return not_found()
 
 
+async def crashed(request: Request, exc: Exception) -> Response:
+    """What a crash answers (logged with its traceback by the server), as the gateway's clients read
+    the rest: a JSON-RPC internal error for a call, a problem for a card; no details."""
+    if request.method == "POST":
+        return JSONResponse(
+            {"jsonrpc": "2.0", "id": None, "error": {"code": -32603, "message": "Internal error; it has been logged."}},
+            status_code=500,
+        )
+    return problem(500, "server_error", "Server error", "Something went wrong on our side; it has been logged.")
+
+
 app = Starlette(
     routes=[
         Route(WELL_KNOWN, card, methods=["GET"]),
@@ -193,7 +204,8 @@ app = Starlette(
         Route("/a2a/{saga:uuid}/{agent:str}/", rpc, methods=["POST"]),
         Route("/a2a/{saga:uuid}/{agent:str}", rpc, methods=["POST"]),
         Route("/a2a/{rest:path}", fallback, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
-    ]
+    ],
+    exception_handlers={500: crashed},  # Starlette's own answer is a text page
 )
 
 

@@ -1,10 +1,11 @@
 """Input the A2A gateway refuses before its dispatcher, through a real daphne: a body that is not
 JSON or that no database stores, a method or a filter of the wrong type, a Host not allowed, a NUL
 in the path. Each gets the protocol's error (HTTP 200, a JSON-RPC error) or a 400, never a 500, and
-nothing is written."""
+nothing is written. Last, in process, what a crash answers."""
 
 import json
 import socket
+import uuid
 from typing import Any
 
 import httpx
@@ -182,3 +183,23 @@ def test_a_further_message_sets_its_webhook_keeps_its_id_and_a_refusal_lists_as_
 
     AgentRequest.objects.filter(pk=task).update(status=AgentRequest.Status.FAILED, error={"code": "refused"})
     assert (listed("TASK_STATE_REJECTED"), listed("TASK_STATE_FAILED")) == ([task], [])
+
+
+async def test_a_crash_in_the_gateway_is_answered_as_its_clients_read_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a text page: a call gets a JSON-RPC internal error, a card a problem; neither says why."""
+    from gateways.a2a import asgi
+
+    def crash(*args: Any) -> None:
+        raise RuntimeError("secret detail that must not leak")
+
+    monkeypatch.setattr(asgi, "authorize", crash)
+    monkeypatch.setattr(asgi, "load_card", crash)
+    transport = httpx.ASGITransport(app=asgi.app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        called = await client.post(f"/a2a/{uuid.uuid4()}/ext/", content=rpc("GetTask", {"id": "t"}))
+        card = await client.get(f"/a2a/{uuid.uuid4()}/ext/.well-known/agent-card.json")
+    assert (called.status_code, called.json()["error"]["code"]) == (500, -32603)
+    assert (card.status_code, card.headers["content-type"], card.json()["code"]) == (
+        500, "application/problem+json", "server_error"
+    )  # fmt: skip
+    assert all(b"secret" not in r.content for r in (called, card))
