@@ -9,6 +9,7 @@ starts it with its first request and keeps it for the life of the process.
 
 import asyncio
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from gateways.mcp.server import build_server
 from sagas import errors
 from sagas.waits import release_connections
 
+logger = logging.getLogger(__name__)
 MCP_PATH = "/mcp"
 KEYWORDS = ("bearer", "token")  # as the REST API accepts them
 
@@ -92,6 +94,25 @@ class McpEndpoint:
             await asyncio.Event().wait()  # for the life of the process
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        """answer(), and for a crash before any answer began one that says so (logged, no details)
+        rather than the server's text page."""
+        started = False
+
+        async def sending(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.answer(scope, receive, sending)
+        except Exception:
+            if started:
+                raise
+            logger.exception("MCP endpoint: a crash before any answer")
+            detail = "Something went wrong on our side; it has been logged."
+            await respond(send, 500, {"error": "server_error", "error_description": detail})
+
+    async def answer(self, scope: Scope, receive: Any, send: Any) -> None:
         headers = headers_of(scope)
         if not host_allowed(headers):
             await respond(send, 400, {"error": "invalid_host", "error_description": "Host not allowed."})

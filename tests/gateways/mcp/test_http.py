@@ -4,10 +4,11 @@ import http.client
 import json
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import anyio
+import httpx
 import pytest
 from django.db import connection
 
@@ -176,3 +177,18 @@ def test_a_wait_ends_once_its_token_is_revoked(web_server: WebServer, cast: Cast
     finally:
         revoker.join(timeout=30)
     assert error_code(answer) == "authentication_failed" and time.monotonic() - started < 30
+
+
+async def test_a_crash_in_the_endpoint_is_answered_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In process: a crash before any answer is the endpoint's JSON error, not the server's text page."""
+    from gateways.mcp import http as endpoint
+
+    def crash(key: str) -> bool:
+        raise RuntimeError("secret detail that must not leak")
+
+    monkeypatch.setattr(endpoint, "authenticated", crash)
+    transport = httpx.ASGITransport(app=cast(Any, endpoint.McpEndpoint()), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        answer = await client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert (answer.status_code, answer.json()["error"]) == (500, "server_error")
+    assert b"secret" not in answer.content
