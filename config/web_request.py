@@ -12,8 +12,9 @@ request with its module's `WebRequest`, which config/web.py replaces with this o
   it passes it, is answered 413 `payload_too_large` at once (problem+json where machines call, text
   elsewhere, as config/middleware.py refuses). Then the answer's end is sent (the server's half of
   the connection closes) and whatever else comes is read and dropped, unparsed, until the client
-  closes its half or AGORA_BODY_LINGER_S pass: most clients send the whole body before they read the answer,
-  and a connection closed with their body unread is reset under them, the 413 lost with it."""
+  closes its half or AGORA_BODY_LINGER_S pass: most clients send the whole body before they read
+  the answer, and a connection closed with their body unread is reset under them, the 413 lost
+  with it."""
 
 import logging
 from typing import Any
