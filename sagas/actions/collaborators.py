@@ -275,18 +275,35 @@ def add_human(
 
 @transaction.atomic
 def add_agent_once(
-    *, saga: Saga, by: User, idempotency_key: str = "", **agent: Any
+    *,
+    saga: Saga,
+    name: str,
+    role: str,
+    task: str,
+    runtime: str,
+    by: User,
+    profile: str = "",
+    parent: str | None = None,
+    resumable: bool = False,
+    idempotency_key: str = "",
 ) -> tuple[Collaborator, str | None, bool]:
-    """add_agent() (`agent`: its fields) once per Idempotency-Key of its caller; without one, every
-    call adds. A retry with the same key and body returns the first agent and False, an external
-    one with a new token: the first answer's, lost to whoever retries, is revoked (a finished saga
-    issues none: `saga_finished`; a caller no longer allowed to add it gets none: `forbidden`).
-    With another body, `idempotency_conflict`."""
-    if not idempotency_key:
-        return *add_agent(saga=saga, by=by, **agent), True
-    key, digest, first = first_added(saga, by, idempotency_key, kind=Collaborator.Kind.AGENT, **agent)
+    """add_agent() once per Idempotency-Key of its caller; without one, every call adds. A retry
+    with the same key and body returns the first agent and False, an external one with a new
+    token: the first answer's, lost to whoever retries, is revoked (a finished saga issues none:
+    `saga_finished`; a caller no longer allowed to add it gets none: `forbidden`). With another
+    body, `idempotency_conflict`."""
+    key, digest, first = "", "", None
+    if idempotency_key:
+        key, digest, first = first_added(
+            saga, by, idempotency_key, kind=Collaborator.Kind.AGENT, name=name, role=role, task=task,
+            runtime=runtime, profile=profile, parent=parent, resumable=resumable,
+        )  # fmt: skip
     if first is None:
-        return *add_agent(saga=saga, by=by, idempotency_key=key, body_hash=digest, **agent), True
+        added, token = add_agent(
+            saga=saga, name=name, role=role, task=task, runtime=runtime, by=by, profile=profile, parent=parent,
+            resumable=resumable, idempotency_key=key, body_hash=digest,
+        )  # fmt: skip
+        return added, token, True
     if first.runtime != Collaborator.Runtime.EXTERNAL:
         return first, None, False
     saga = lock_open_saga(saga.pk)
@@ -304,11 +321,11 @@ def add_human_once(
     *, saga: Saga, user: User, role: str, task: str, by: User, idempotency_key: str = ""
 ) -> tuple[Collaborator, bool]:
     """add_human() once per Idempotency-Key of its caller, as add_agent_once() adds an agent."""
-    if not idempotency_key:
-        return add_human(saga=saga, user=user, role=role, task=task, by=by), True
-    key, digest, first = first_added(
-        saga, by, idempotency_key, kind=Collaborator.Kind.HUMAN, username=user.username, role=role, task=task
-    )
+    key, digest, first = "", "", None
+    if idempotency_key:
+        key, digest, first = first_added(
+            saga, by, idempotency_key, kind=Collaborator.Kind.HUMAN, username=user.username, role=role, task=task
+        )
     if first is not None:
         return first, False
     return add_human(saga=saga, user=user, role=role, task=task, by=by, idempotency_key=key, body_hash=digest), True
