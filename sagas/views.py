@@ -318,14 +318,14 @@ def steer_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
 @require_POST
 def add_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     """Add an agent: internal (Agora runs it, by profile) or external (it gets a token, shown once).
-    The form sent twice (its one-time key) adds one agent; an external one's token is then a new
-    one, shown in the answer the browser shows (the first answer's is revoked)."""
+    The form sent twice (its one-time key) adds one agent; the token was in the first answer, which
+    the browser replaced with the second's: that one says so, and how to get another."""
     saga = managed_saga(request, saga_id, "Only managers of the saga add collaborators.")
     fields = ("name", "role", "task", "runtime", "profile", "parent")
     values = {k: request.POST.get(k, "").strip() for k in fields}
     assert isinstance(request.user, User)
     try:
-        collaborator, token, _ = actions.add_agent_once(
+        collaborator, token, created = actions.add_agent_once(
             saga=saga, name=values["name"], role=values["role"], task=values["task"], runtime=values["runtime"],
             profile=values["profile"], parent=values["parent"] or None, by=request.user,
             idempotency_key=form_key(request.POST),
@@ -345,8 +345,15 @@ def add_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
         )
     except errors.KernelError as exc:  # a bad field, a cap reached, a finished saga
         return render_saga(request, saga, forms={"agent": {"values": values, "errors": form_errors(exc)}}, status=400)
+    if not created and collaborator.runtime == Collaborator.Runtime.EXTERNAL:
+        messages.warning(
+            request, f"{collaborator.handle} was added by this form's first submission, whose answer showed its "
+            "token. If you did not see it, issue a new one with New token on its row.",
+        )  # fmt: skip
+        return redirect(saga_url(saga, "team"))
     if token is None:
-        messages.success(request, f"{collaborator.handle} joined; its first turn is queued.")
+        if created:
+            messages.success(request, f"{collaborator.handle} joined; its first turn is queued.")
         return redirect(saga_url(saga, "team"))
     # The token is shown in this response only: it never goes through a cookie, the session or a cache.
     response = render_saga(request, saga, forms={"token": {"handle": collaborator.handle, "token": token}}, status=201)
@@ -416,7 +423,7 @@ def add_person(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     else:
         assert isinstance(request.user, User)
         try:
-            collaborator, _ = actions.add_human_once(
+            collaborator, created = actions.add_human_once(
                 saga=saga, user=person, role=values["role"], task=values["task"], by=request.user,
                 idempotency_key=form_key(request.POST),
             )  # fmt: skip
@@ -429,7 +436,8 @@ def add_person(request: HttpRequest, saga_id: UUID) -> HttpResponse:
         except (errors.InvalidPayload, errors.SagaFinished) as exc:
             problems = form_errors(exc)
         else:
-            messages.success(request, f"{collaborator.handle} joined as {collaborator.role or 'a collaborator'}.")
+            if created:  # the form sent again: its first submission said so
+                messages.success(request, f"{collaborator.handle} joined as {collaborator.role or 'a collaborator'}.")
             return redirect(saga_url(saga, "team"))
     return render_saga(request, saga, forms={"person": {"values": values, "errors": problems}}, status=400)
 

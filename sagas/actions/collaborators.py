@@ -11,7 +11,7 @@ from django.utils.module_loading import import_string
 from guardian.models import UserObjectPermission
 from guardian.shortcuts import assign_perm
 
-from accounts.actions import create_agent_users, issue_token, rotate_token
+from accounts.actions import create_agent_users, issue_token
 from accounts.models import User
 from config.sql import insert_all, keys_later
 from journal.actions import record
@@ -72,18 +72,13 @@ def add_agent(
     parent: str | None = None,
     resumable: bool = False,
     ring: bool = True,
-    idempotency_key: str = "",
-    body_hash: str = "",
 ) -> tuple[Collaborator, str | None]:
     """Add an agent collaborator with its service user, its delegation and its run.
 
     Managers may add agents anywhere; an agent may add only its own delegates. Returns the
     collaborator and, for an external agent, its API token (shown this once). `ring`: see NewAgent.
     """
-    agent = NewAgent(
-        name=name, role=role, task=task, runtime=runtime, profile=profile, resumable=resumable, ring=ring,
-        idempotency_key=idempotency_key, body_hash=body_hash,
-    )  # fmt: skip
+    agent = NewAgent(name=name, role=role, task=task, runtime=runtime, profile=profile, resumable=resumable, ring=ring)
     ((collaborator, token),) = add_agents(saga=saga, agents=[agent], by=by, parent=parent)
     return collaborator, token
 
@@ -288,32 +283,24 @@ def add_agent_once(
     idempotency_key: str = "",
 ) -> tuple[Collaborator, str | None, bool]:
     """add_agent() once per Idempotency-Key of its caller; without one, every call adds. A retry
-    with the same key and body returns the first agent and False, an external one with a new
-    token: the first answer's, lost to whoever retries, is revoked (a finished saga issues none:
-    `saga_finished`; a caller no longer allowed to add it gets none: `forbidden`). With another
-    body, `idempotency_conflict`."""
+    with the same key and body returns the first agent and False, never with a token: an external
+    agent's is in the first answer only (it is not stored), and one lost with that answer is
+    replaced by a rotation (rotate_agent_token(), managers), not by a replay that might revoke a
+    token in use. With another body, `idempotency_conflict`."""
     key, digest, first = "", "", None
     if idempotency_key:
         key, digest, first = first_added(
             saga, by, idempotency_key, kind=Collaborator.Kind.AGENT, name=name, role=role, task=task,
             runtime=runtime, profile=profile, parent=parent, resumable=resumable,
         )  # fmt: skip
-    if first is None:
-        added, token = add_agent(
-            saga=saga, name=name, role=role, task=task, runtime=runtime, by=by, profile=profile, parent=parent,
-            resumable=resumable, idempotency_key=key, body_hash=digest,
-        )  # fmt: skip
-        return added, token, True
-    if first.runtime != Collaborator.Runtime.EXTERNAL:
+    if first is not None:
         return first, None, False
-    saga = lock_open_saga(saga.pk)
-    # A new token is control of the agent: only for a caller who may still add it.
-    if not may_manage(by, saga) and not Delegation.objects.filter(delegate=first, delegator__user=by).exists():
-        raise errors.Forbidden("Only managers of the saga, or the agent that delegated to it, may add it again.")
-    token = rotate_token(user=first.user)
-    record(saga_id=saga.pk, type="collaborator.token_rotated", actor=actor_id(saga, by),
-           data={"id": first.handle, "replayed": True})  # fmt: skip
-    return first, token, False
+    agent = NewAgent(
+        name=name, role=role, task=task, runtime=runtime, profile=profile, resumable=resumable,
+        idempotency_key=key, body_hash=digest,
+    )  # fmt: skip
+    ((added, token),) = add_agents(saga=saga, agents=[agent], by=by, parent=parent)
+    return added, token, True
 
 
 @transaction.atomic

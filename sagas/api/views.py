@@ -179,8 +179,8 @@ class CollaboratorAddApi(ApiView):
             201: s.CollaboratorAddedOutput,
             200: OpenApiResponse(
                 s.CollaboratorAddedOutput,
-                description="A replay of an Idempotency-Key: the first one's collaborator (an external agent with a "
-                "new token; the first answer's is revoked).",
+                description="A replay of an Idempotency-Key: the first one's collaborator, without a token (an "
+                "external agent's is in the first answer only; a lost one is replaced by a rotation).",
             ),
             **problems(400, 401, 403, 404, 409, 429),
         },
@@ -189,7 +189,7 @@ class CollaboratorAddApi(ApiView):
         """Add an agent (managers anywhere; an agent only its own delegates) or a person (managers).
 
         An external agent's token is in this response and nowhere else, ever: a retry with the same
-        Idempotency-Key gets a new one, and the first no longer works.
+        Idempotency-Key answers without it (a manager rotates a lost one: `.../token/`).
         """
         saga = visible_saga(principal(request), saga_id)
         kind = request.data.get("kind") if isinstance(request.data, dict) else None
