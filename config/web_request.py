@@ -21,6 +21,7 @@ from typing import Any
 
 from daphne import http_protocol
 from django.conf import settings
+from twisted.internet import tcp
 from twisted.web.http_headers import Headers
 
 from config.problems import refusal_body
@@ -71,7 +72,7 @@ class WebRequest(http_protocol.WebRequest):
         still sends without parsing it, and close the rest when the client does or after
         AGORA_BODY_LINGER_S."""
         channel, transport = self.channel, self.channel.transport
-        if not hasattr(transport, "loseWriteConnection"):  # a transport that cannot half-close
+        if not isinstance(transport, tcp.Connection):  # TLS served by daphne itself: its close_notify first
             channel.loseConnection()
             return
         channel.dataReceived = lambda data: None  # as Twisted's upgrade to WebSockets swaps it
