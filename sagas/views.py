@@ -325,9 +325,12 @@ def add_agent(request: HttpRequest, saga_id: UUID) -> HttpResponse:
     values = {k: request.POST.get(k, "").strip() for k in fields}
     assert isinstance(request.user, User)
     try:
+        agent = actions.NewAgent(
+            name=values["name"], role=values["role"], task=values["task"], runtime=values["runtime"],
+            profile=values["profile"],
+        )  # fmt: skip
         collaborator, token, created = actions.add_agent_once(
-            saga=saga, name=values["name"], role=values["role"], task=values["task"], runtime=values["runtime"],
-            profile=values["profile"], parent=values["parent"] or None, by=request.user,
+            saga=saga, agent=agent, parent=values["parent"] or None, by=request.user,
             idempotency_key=form_key(request.POST),
         )  # fmt: skip
     except errors.Forbidden as exc:

@@ -1,7 +1,7 @@
 """Collaborators and delegations: agents and people joining a saga."""
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -270,17 +270,7 @@ def add_human(
 
 @transaction.atomic
 def add_agent_once(
-    *,
-    saga: Saga,
-    name: str,
-    role: str,
-    task: str,
-    runtime: str,
-    by: User,
-    profile: str = "",
-    parent: str | None = None,
-    resumable: bool = False,
-    idempotency_key: str = "",
+    *, saga: Saga, agent: NewAgent, by: User, parent: str | None = None, idempotency_key: str = ""
 ) -> tuple[Collaborator, str | None, bool]:
     """add_agent() once per Idempotency-Key of its caller; without one, every call adds. A retry
     with the same key and body returns the first agent and False, never with a token: an external
@@ -289,17 +279,14 @@ def add_agent_once(
     token in use. With another body, `idempotency_conflict`."""
     key, digest, first = "", "", None
     if idempotency_key:
-        key, digest, first = first_added(
-            saga, by, idempotency_key, kind=Collaborator.Kind.AGENT, name=name, role=role, task=task,
-            runtime=runtime, profile=profile, parent=parent, resumable=resumable,
-        )  # fmt: skip
+        body = asdict(replace(agent, idempotency_key="", body_hash=""))  # what it adds, under whom
+        key, digest, first = first_added(saga, by, idempotency_key, kind=Collaborator.Kind.AGENT, parent=parent,
+                                         agent=body)  # fmt: skip
     if first is not None:
         return first, None, False
-    agent = NewAgent(
-        name=name, role=role, task=task, runtime=runtime, profile=profile, resumable=resumable,
-        idempotency_key=key, body_hash=digest,
-    )  # fmt: skip
-    ((added, token),) = add_agents(saga=saga, agents=[agent], by=by, parent=parent)
+    ((added, token),) = add_agents(
+        saga=saga, agents=[replace(agent, idempotency_key=key, body_hash=digest)], by=by, parent=parent
+    )
     return added, token, True
 
 

@@ -196,11 +196,13 @@ class CollaboratorAddApi(ApiView):
         key = idempotency_key(request.headers)
         if kind == Collaborator.Kind.AGENT:
             agent = valid(s.AgentAddInput, request.data)
-            collaborator, token, created = actions.add_agent_once(
-                saga=saga, name=agent["name"], role=agent["role"], task=agent["task"], runtime=agent["runtime"],
-                profile=agent["profile"], parent=agent["parent"], resumable=agent["resumable"], by=principal(request),
-                idempotency_key=key,
+            new = actions.NewAgent(
+                name=agent["name"], role=agent["role"], task=agent["task"], runtime=agent["runtime"],
+                profile=agent["profile"], resumable=agent["resumable"],
             )  # fmt: skip
+            collaborator, token, created = actions.add_agent_once(
+                saga=saga, agent=new, parent=agent["parent"], by=principal(request), idempotency_key=key
+            )
             card = collaborator_card(collaborator) | ({"token": token} if token else {})
         elif kind == Collaborator.Kind.HUMAN:
             human = valid(s.HumanAddInput, request.data)

@@ -292,9 +292,8 @@ def test_a_retried_add_with_its_idempotency_key_returns_the_first_collaborator(
 @pytest.mark.django_db(transaction=True)
 def test_two_retries_at_once_add_one_collaborator(team: Team, alice: User) -> None:
     def add() -> tuple[int, bool]:
-        agent, _, created = actions.add_agent_once(
-            saga=team.saga, name="ext", role="R", task="t", runtime="external", by=alice, idempotency_key="same"
-        )
+        new = actions.NewAgent(name="ext", role="R", task="t", runtime="external")
+        agent, _, created = actions.add_agent_once(saga=team.saga, agent=new, by=alice, idempotency_key="same")
         return agent.pk, created
 
     outcomes = sorted(future.result() for future in run_concurrently(add, add, add))
