@@ -65,3 +65,9 @@ def idempotency_key(headers: Mapping[str, str]) -> str:
     if len(key) > 200:
         raise InvalidParameter("Idempotency-Key", "At most 200 characters.")
     return key
+
+
+def created_headers(location: str, created: bool) -> dict[str, str]:
+    """A create's answer headers: where what it made is (if it has an address of its own), and for a
+    replay of its Idempotency-Key `Idempotent-Replayed: true`."""
+    return ({"Location": location} if location else {}) | ({} if created else {"Idempotent-Replayed": "true"})

@@ -18,7 +18,7 @@ from agents.orchestrator.actions import MAX_IMAGE_URL, MAX_IMAGES, check_may_pro
 from agents.orchestrator.cancel import cancel_prompt
 from agents.orchestrator.models import Prompt
 from config.openapi import IDEMPOTENCY_KEY, Shape, problems
-from config.params import idempotency_key
+from config.params import created_headers, idempotency_key
 from config.parsers import LimitedJSONParser
 from sagas import errors
 from sagas.models import Saga
@@ -126,8 +126,7 @@ class PromptCreateApi(APIView):
         )  # fmt: skip
         # A replay gets the first answer, as a replayed request does; the prompt's own page has its status now.
         body = {"prompt_id": prompt.pk, "status": Prompt.Status.RUNNING, "lead": f"agent:{prompt.lead_name}"}
-        headers = {"Location": reverse("api-prompt", args=[prompt.pk])}  # where to follow it
-        headers |= {} if created else {"Idempotent-Replayed": "true"}
+        headers = created_headers(reverse("api-prompt", args=[prompt.pk]), created)  # where to follow it
         return Response(PromptCreatedOutput(body).data, status=202, headers=headers)
 
 

@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from config.openapi import IDEMPOTENCY_KEY
-from config.params import idempotency_key, seconds_param
+from config.params import created_headers, idempotency_key, seconds_param
 from sagas import actions, errors
 from sagas.access import collaborator_for
 from sagas.api import serializers as s
@@ -100,9 +100,7 @@ class AgentRequestCreateApi(ApiView):
                 sender=sender, to=ask["to"], type=ask["type"], payload=ask["payload"], mode=ask["mode"],
                 timeout_s=ask["timeout_s"], idempotency_key=key,
             )  # fmt: skip
-        # Where to follow it, as every 202 says; a replay says it is one.
-        headers = {"Location": reverse("api-request", args=[ask_request.pk])}
-        headers |= {} if created else {"Idempotent-Replayed": "true"}
+        headers = created_headers(reverse("api-request", args=[ask_request.pk]), created)  # where to follow it
         if ask_request.mode == AgentRequest.Mode.ASYNC:
             pending = s.AskPendingOutput({"request_id": ask_request.pk, "status": "pending"}).data
             return Response(pending, status=202, headers=headers)

@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 from accounts.models import User
 from config import openapi
 from config.openapi import IDEMPOTENCY_KEY
-from config.params import idempotency_key, integer_param
+from config.params import created_headers, idempotency_key, integer_param
 from config.parsers import LimitedJSONParser
 from journal.models import JournalEvent
 from sagas import actions, errors
@@ -66,10 +66,7 @@ def created_or_replayed(data: Any, created: bool, *, location: str = "") -> Resp
     """A create's answer: 201, or for a replay of its Idempotency-Key the first one's body with 200
     and `Idempotent-Replayed: true`; both with the created resource's address (`location`), if it
     has one of its own."""
-    headers = {"Location": location} if location else {}
-    if created:
-        return Response(data, status=201, headers=headers)
-    return Response(data, headers={**headers, "Idempotent-Replayed": "true"})
+    return Response(data, status=201 if created else 200, headers=created_headers(location, created))
 
 
 def cursor_param(request: Request) -> int:
