@@ -124,10 +124,12 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     return render(request, "400.html", {"title": title, "detail": detail}, status=status)
 
 
+# What a crash says, wherever it is answered: nothing of why.
+SERVER_ERROR_DETAIL = "Something went wrong on our side; it has been logged."
+
+
 def server_error(request: HttpRequest) -> HttpResponse:
     """Django's handler500: a problem for API clients, the plain page for browsers; no details."""
     if request.path_info.startswith(API_PREFIX):
-        return problem_response(
-            500, "server_error", "Server error", "Something went wrong on our side; it has been logged."
-        )
+        return problem_response(500, "server_error", "Server error", SERVER_ERROR_DETAIL)
     return defaults.server_error(request)

@@ -25,6 +25,7 @@ from starlette.routing import Route
 from accounts.authentication import authenticate_key
 from config.edge import headers_of, host_allowed, within_limit
 from config.payloads import MalformedJson, Unstorable, loads
+from config.problems import SERVER_ERROR_DETAIL
 from gateways.a2a.cards import card_dict, exposed_agent, host_agent
 from gateways.a2a.handler import CALLER, Caller, KernelRequestHandler
 from sagas.models import Collaborator
@@ -194,7 +195,7 @@ async def crashed(request: Request, exc: Exception) -> Response:
             {"jsonrpc": "2.0", "id": None, "error": {"code": -32603, "message": "Internal error; it has been logged."}},
             status_code=500,
         )
-    return problem(500, "server_error", "Server error", "Something went wrong on our side; it has been logged.")
+    return problem(500, "server_error", "Server error", SERVER_ERROR_DETAIL)
 
 
 app = Starlette(

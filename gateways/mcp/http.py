@@ -19,6 +19,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from config.edge import headers_of, host_allowed, within_limit
+from config.problems import SERVER_ERROR_DETAIL
 from gateways.mcp import operations
 from gateways.mcp.server import build_server
 from sagas import errors
@@ -109,8 +110,7 @@ class McpEndpoint:
             if started:
                 raise
             logger.exception("MCP endpoint: a crash before any answer")
-            detail = "Something went wrong on our side; it has been logged."
-            await respond(send, 500, {"error": "server_error", "error_description": detail})
+            await respond(send, 500, {"error": "server_error", "error_description": SERVER_ERROR_DETAIL})
 
     async def answer(self, scope: Scope, receive: Any, send: Any) -> None:
         headers = headers_of(scope)

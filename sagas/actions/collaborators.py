@@ -312,7 +312,7 @@ def first_added(saga: Saga, by: User, idempotency_key: str, **body: Any) -> tupl
     lock_saga(saga.pk)
     key, digest = payloads.caller_key(by.pk, idempotency_key), payloads.body_hash(**body)
     first = payloads.first_for_key(
-        Collaborator.objects.filter(saga=saga, idempotency_key=key).select_related("user", "run"), digest,
+        Collaborator.objects.filter(saga=saga, idempotency_key=key).select_related("run"), digest,
         conflict="This Idempotency-Key was already used for a different collaborator.",
     )  # fmt: skip
     return key, digest, first
